@@ -1,0 +1,6 @@
+"""``python -m blendserve``: the command line."""
+
+from blendserve.cli import main
+
+if __name__ == "__main__":  # vLLM spawns workers that re-import __main__
+    raise SystemExit(main())
