@@ -1,0 +1,1 @@
+"""One module per ``blendserve`` subcommand; each defines ``add_parser(subparsers)``."""
