@@ -48,3 +48,12 @@ RESULT_SCHEMA = pa.schema(
         pa.field("finished_at", pa.timestamp("us", tz="UTC")),
     ]
 )
+
+REJECT_SCHEMA = pa.schema(
+    [
+        pa.field("source_file", pa.string(), nullable=False),
+        pa.field("source_row", pa.int64(), nullable=False),  # 1-based line or row; 0 = the whole file
+        pa.field("raw", pa.string(), nullable=False),  # the record as read, truncated
+        pa.field("reason", pa.string(), nullable=False),  # what is wrong and what to do
+    ]
+)

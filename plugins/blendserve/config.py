@@ -1,0 +1,86 @@
+"""One run's configuration: every knob of the pipeline in one dataclass.
+
+The CLI builds it from flags and the DAG from its Params; library functions
+take it whole, so a setting means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from blendserve.model_prep import REPO_ROOT
+
+ENGINES = ("vllm", "transformers", "simulator")
+
+
+@dataclass
+class RunConfig:
+    run_id: str  # names the run's folder, its DuckDB rows and its part files
+    input: str  # a file, or a glob of files (JSONL, OpenAI batch JSONL, CSV, Parquet)
+    db: str  # the DuckDB file the outputs land in
+    engine: str = "vllm"  # one of ENGINES
+    work_dir: str = ""  # run folder for Parquet and part files; default: <db folder>/runs/<run_id>
+    model: str = ""  # model folder; default: the prepared SmolLM2-135M-Instruct
+    policy: str = "fcfs"  # scheduling policy name in blendserve.policies
+    shards: int = 1  # data-parallel shards (one mapped task each in the DAG)
+    default_max_tokens: int = 256  # for requests that give none
+    max_model_len: int = 2048  # context length; longer prompts are rejected at ingest
+    max_num_seqs: int = 64  # engine's running-sequence limit
+    kv_cache_gb: float = 1.0  # KV cache size for vLLM-CPU (VLLM_CPU_KVCACHE_SPACE)
+    cpu_threads: int = 0  # OpenMP threads for vLLM-CPU; 0 = all cores
+    enforce_eager: bool = True  # skip torch.compile: 30 s engine start on CPU instead of 140 s, same speed here
+    part_rows: int = 64  # results per committed part file: what a crash can lose
+    fail_after_rows: int = -1  # fault injection for tests: die after this many results (-1 = never)
+    extra: dict = field(default_factory=dict)  # engine-specific options, passed through
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.shards < 1:
+            raise ValueError(f"shards must be at least 1, got {self.shards}")
+
+    @property
+    def run_dir(self) -> Path:
+        if self.work_dir:
+            return Path(self.work_dir)
+        return Path(self.db).resolve().parent / "runs" / self.run_id
+
+    @property
+    def requests_path(self) -> Path:
+        return self.run_dir / "requests.parquet"
+
+    @property
+    def rejects_path(self) -> Path:
+        return self.run_dir / "rejects.parquet"
+
+    @property
+    def plan_path(self) -> Path:
+        return self.run_dir / "plan.parquet"
+
+    def shard_dir(self, shard: int) -> Path:
+        return self.run_dir / "parts" / f"shard-{shard:05d}"
+
+    def model_path(self) -> Path:
+        if self.model:
+            return Path(self.model)
+        from blendserve.model_prep import ensure_model_dir
+
+        return ensure_model_dir()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunConfig":
+        known = cls.__dataclass_fields__
+        unknown = set(values) - set(known)
+        if unknown:
+            raise ValueError(f"unknown run settings: {sorted(unknown)}")
+        return cls(**values)
+
+
+def default_db() -> str:
+    return os.environ.get("BLENDSERVE_DB", str(REPO_ROOT / "out" / "blendserve.duckdb"))

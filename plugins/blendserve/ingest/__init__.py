@@ -1,0 +1,143 @@
+"""Ingestion: input files -> normalized requests Parquet + rejects Parquet.
+
+Streams records in chunks (memory stays flat), rejects bad ones with a
+reason naming file and row, and checks that rows read = accepted + rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from blendserve.ingest.normalize import Limits, Normalized, Reject, normalize
+from blendserve.ingest.readers import RawRecord, expand_inputs, read_records
+from blendserve.ingest.tokenize import PromptTokenizer
+from blendserve.schema import REJECT_SCHEMA, REQUEST_SCHEMA
+
+log = logging.getLogger(__name__)
+CHUNK_ROWS = 2048  # records tokenized and written together
+
+
+@dataclass
+class IngestReport:
+    files: int  # input files read
+    read: int  # records read (blank lines are not records)
+    accepted: int  # rows in requests.parquet
+    rejected: int  # rows in rejects.parquet
+    requests_path: str
+    rejects_path: str
+
+    def check(self) -> None:
+        if self.read != self.accepted + self.rejected:
+            raise AssertionError(f"ingest lost rows: read {self.read} != accepted {self.accepted} + rejected {self.rejected}")
+
+
+def ingest(pattern: str, requests_path: Path, rejects_path: Path, tokenizer: PromptTokenizer, limits: Limits) -> IngestReport:
+    files = expand_inputs(pattern)
+    requests_path.parent.mkdir(parents=True, exist_ok=True)
+    sink = _Sink(requests_path, rejects_path, tokenizer, limits)
+    for path in files:
+        log.info("ingesting %s", path)
+        for record in read_records(path):
+            sink.add(record)
+    sink.close()
+    report = IngestReport(len(files), sink.read, sink.accepted, sink.rejected, str(requests_path), str(rejects_path))
+    report.check()
+    log.info("ingest: read %d, accepted %d, rejected %d", report.read, report.accepted, report.rejected)
+    return report
+
+
+class _Sink:
+    """Collects records, tokenizes them a chunk at a time, writes both Parquet files."""
+
+    def __init__(self, requests_path: Path, rejects_path: Path, tokenizer: PromptTokenizer, limits: Limits) -> None:
+        self.tokenizer, self.limits = tokenizer, limits
+        self.requests = pq.ParquetWriter(requests_path, REQUEST_SCHEMA)
+        self.rejects = pq.ParquetWriter(rejects_path, REJECT_SCHEMA)
+        self.pending: list[tuple[RawRecord, Normalized]] = []
+        self.reject_rows: list[dict] = []
+        self.seen_ids: set[str] = set()
+        self.read = self.accepted = self.rejected = 0
+
+    def add(self, record: RawRecord) -> None:
+        self.read += 1
+        if record.error is not None:
+            return self._reject(record, record.error)
+        try:
+            request = normalize(record.data, self.limits)
+        except Reject as err:
+            return self._reject(record, str(err))
+        if request.request_id in self.seen_ids:
+            return self._reject(record, f"duplicate custom_id {request.request_id!r}: an earlier row has it (kept the first)")
+        self.seen_ids.add(request.request_id)
+        self.pending.append((record, request))
+        if len(self.pending) >= CHUNK_ROWS:
+            self._flush_requests()
+
+    def close(self) -> None:
+        self._flush_requests()
+        self._flush_rejects()
+        self.requests.close()
+        self.rejects.close()
+
+    def _reject(self, record: RawRecord, reason: str) -> None:
+        self.rejected += 1
+        self.reject_rows.append(
+            {"source_file": record.source_file, "source_row": record.source_row, "raw": record.raw, "reason": reason}
+        )
+        if len(self.reject_rows) >= CHUNK_ROWS:
+            self._flush_rejects()
+
+    def _flush_rejects(self) -> None:
+        if self.reject_rows:
+            self.rejects.write_table(pa.Table.from_pylist(self.reject_rows, schema=REJECT_SCHEMA))
+            self.reject_rows = []
+
+    def _flush_requests(self) -> None:
+        token_ids = self._tokenize([request for _, request in self.pending])
+        rows = []
+        for (record, request), ids in zip(self.pending, token_ids):
+            if len(ids) >= self.limits.max_model_len:
+                self.seen_ids.discard(request.request_id)  # a later valid row may reuse the id
+                self._reject(record, f"prompt has {len(ids)} tokens; the model's context is {self.limits.max_model_len}")
+                continue
+            rows.append(_request_row(record, request, ids, self.limits.max_model_len))
+        if rows:
+            self.requests.write_table(pa.Table.from_pylist(rows, schema=REQUEST_SCHEMA))
+            self.accepted += len(rows)
+        self.pending = []
+
+    def _tokenize(self, requests: list[Normalized]) -> list[list[int]]:
+        chats = [r.messages for r in requests if r.endpoint == "chat"]
+        texts = [r.prompt for r in requests if r.endpoint == "completion"]
+        chat_ids = iter(self.tokenizer.encode_chats(chats))
+        text_ids = iter(self.tokenizer.encode_texts(texts))
+        by_endpoint = {"chat": chat_ids, "completion": text_ids}
+        return [r.prompt_token_ids if r.endpoint == "tokens" else next(by_endpoint[r.endpoint]) for r in requests]
+
+
+def _request_row(record: RawRecord, request: Normalized, ids: list[int], max_model_len: int) -> dict:
+    return {
+        "request_id": request.request_id,
+        "endpoint": request.endpoint,
+        "prompt": request.prompt,
+        "messages_json": None if request.messages is None else json.dumps(request.messages, ensure_ascii=False),
+        "prompt_token_ids": ids,
+        "num_prompt_tokens": len(ids),
+        # The engine refuses prompt + max_tokens beyond the context: cap here, visibly.
+        "max_tokens": min(request.max_tokens, max_model_len - len(ids)),
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "seed": request.seed,
+        "stop_json": None if request.stop is None else json.dumps(request.stop),
+        "expected_output_tokens": request.expected_output_tokens,
+        "sim_output_tokens": request.sim_output_tokens,
+        "metadata_json": None if request.metadata is None else json.dumps(request.metadata, ensure_ascii=False, default=str),
+        "source_file": record.source_file,
+        "source_row": record.source_row,
+    }

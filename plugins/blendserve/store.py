@@ -1,0 +1,89 @@
+"""DuckDB: the one place results land. One writer at a time.
+
+Shards never write here; they write Parquet part files and the load step
+inserts them. Every insert is keyed on (run_id, request_id) and skips rows
+already there, so re-running a step never duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+import duckdb
+
+from blendserve.model_prep import REPO_ROOT
+
+SQL_DIR = REPO_ROOT / "sql"
+
+
+def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    if read_only:
+        return duckdb.connect(str(db), read_only=True)
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(db))
+    con.execute((SQL_DIR / "schema.sql").read_text())
+    return con
+
+
+def _sql_list(paths: Iterable[Path]) -> str:
+    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
+
+
+def start_run(con: duckdb.DuckDBPyConnection, run_id: str, config_json: str) -> None:
+    config = json.loads(config_json)
+    con.execute(
+        """INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, NULL, 'running')
+           ON CONFLICT (run_id) DO UPDATE SET status = 'running', config_json = excluded.config_json""",
+        [run_id, config_json, config["input"], config["engine"], config["policy"], datetime.now(timezone.utc)],
+    )
+
+
+def finish_run(con: duckdb.DuckDBPyConnection, run_id: str, status: str = "finished") -> None:
+    con.execute("UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?", [status, datetime.now(timezone.utc), run_id])
+
+
+def load_requests(con: duckdb.DuckDBPyConnection, run_id: str, requests_path: Path, rejects_path: Path) -> None:
+    con.execute(
+        f"""INSERT OR IGNORE INTO requests
+            SELECT ?, request_id, endpoint, num_prompt_tokens, max_tokens, temperature, top_p, seed,
+                   expected_output_tokens, metadata_json, source_file, source_row
+            FROM read_parquet({_sql_list([requests_path])})""",
+        [run_id],
+    )
+    con.execute(
+        f"""INSERT OR IGNORE INTO rejects
+            SELECT ?, source_file, source_row, raw, reason FROM read_parquet({_sql_list([rejects_path])})""",
+        [run_id],
+    )
+
+
+def load_outputs(con: duckdb.DuckDBPyConnection, run_id: str, part_files: list[Path]) -> int:
+    """Insert shard part files; rows already loaded are skipped. Returns rows inserted."""
+    if not part_files:
+        return 0
+    before = count_outputs(con, run_id)
+    con.execute(
+        f"""INSERT OR IGNORE INTO outputs
+            SELECT run_id, request_id, shard, status, text, output_token_ids, finish_reason,
+                   num_prompt_tokens, num_output_tokens, num_cached_tokens, error, engine,
+                   started_at, finished_at
+            FROM read_parquet({_sql_list(part_files)}) WHERE run_id = ?
+            -- a request is in one part file unless a crash re-ran it; keep its first result
+            QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY finished_at) = 1""",
+        [run_id],
+    )
+    return count_outputs(con, run_id) - before
+
+
+def count_outputs(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    return con.execute("SELECT count(*) FROM outputs WHERE run_id = ?", [run_id]).fetchone()[0]
+
+
+def put_metrics(con: duckdb.DuckDBPyConnection, run_id: str, metrics: dict[str, float]) -> None:
+    con.executemany(
+        "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)",
+        [[run_id, name, float(value)] for name, value in metrics.items()],
+    )

@@ -1,0 +1,64 @@
+-- blendserve DuckDB schema. Created by the pipeline (blendserve.store.connect);
+-- every statement is idempotent, so it runs at the start of every step.
+-- Keys: (run_id, request_id) everywhere a row belongs to one request of one run.
+
+CREATE TABLE IF NOT EXISTS runs (
+    run_id        VARCHAR PRIMARY KEY,
+    config_json   VARCHAR NOT NULL,          -- the RunConfig the run was started with
+    input         VARCHAR NOT NULL,          -- input file or glob
+    engine        VARCHAR NOT NULL,
+    policy        VARCHAR NOT NULL,
+    started_at    TIMESTAMPTZ NOT NULL,
+    finished_at   TIMESTAMPTZ,
+    status        VARCHAR NOT NULL           -- running | finished | failed
+);
+
+CREATE TABLE IF NOT EXISTS requests (
+    run_id                  VARCHAR NOT NULL,
+    request_id              VARCHAR NOT NULL,  -- the user's custom_id
+    endpoint                VARCHAR NOT NULL,  -- chat | completion | tokens
+    num_prompt_tokens       INTEGER NOT NULL,
+    max_tokens              INTEGER NOT NULL,
+    temperature             REAL NOT NULL,
+    top_p                   REAL NOT NULL,
+    seed                    BIGINT,
+    expected_output_tokens  INTEGER,
+    metadata_json           VARCHAR,
+    source_file             VARCHAR NOT NULL,
+    source_row              BIGINT NOT NULL,
+    PRIMARY KEY (run_id, request_id)
+);
+
+CREATE TABLE IF NOT EXISTS rejects (
+    run_id       VARCHAR NOT NULL,
+    source_file  VARCHAR NOT NULL,
+    source_row   BIGINT NOT NULL,          -- 1-based line or row; 0 = the whole file
+    raw          VARCHAR NOT NULL,         -- the record as read, truncated
+    reason       VARCHAR NOT NULL,
+    PRIMARY KEY (run_id, source_file, source_row)
+);
+
+CREATE TABLE IF NOT EXISTS outputs (
+    run_id             VARCHAR NOT NULL,
+    request_id         VARCHAR NOT NULL,
+    shard              INTEGER NOT NULL,
+    status             VARCHAR NOT NULL,   -- ok | error
+    text               VARCHAR,
+    output_token_ids   INTEGER[],
+    finish_reason      VARCHAR,            -- stop | length | error
+    num_prompt_tokens  INTEGER NOT NULL,
+    num_output_tokens  INTEGER NOT NULL,
+    num_cached_tokens  INTEGER,            -- prompt tokens served from the prefix cache
+    error              VARCHAR,
+    engine             VARCHAR NOT NULL,
+    started_at         TIMESTAMPTZ,
+    finished_at        TIMESTAMPTZ,
+    PRIMARY KEY (run_id, request_id)
+);
+
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id      VARCHAR NOT NULL,
+    name        VARCHAR NOT NULL,          -- e.g. wall_seconds, tokens_per_second, prefix_hit_rate
+    value       DOUBLE NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
