@@ -1,7 +1,16 @@
 """BlendServe's per-request and per-group cost: Comp, Mem, density, T = f(Comp, Mem).
 
 Every function takes numpy arrays (or scalars) so the planner can cost a
-million requests at once.
+million requests at once. F and B are the hardware's *effective* FLOP/s and
+bytes/s (peak times the measured efficiency factors), so the same numbers
+drive the planner's densities and the simulator's step times.
+
+What density counts (see docs/COST_MODEL.md): Comp is the GEMM time of every
+token the request puts through the model (2 P FLOPs a token); Mem is the time
+to read the KV cache during generation (output step i reads p + i tokens).
+Weight reads are a fixed cost of every engine step, shared by all requests in
+it, so they are not part of a request's density (they are part of the
+simulator's step time and of ``T_opt``).
 """
 
 from __future__ import annotations
@@ -15,6 +24,13 @@ from blendserve.costmodel.hardware import HardwareSpec
 from blendserve.costmodel.model_spec import ModelSpec
 
 ArrayLike = np.ndarray | float | int
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    comp: float  # Comp_eff seconds: each distinct prompt token computed once, plus all outputs
+    mem: float  # sum of Mem(r) seconds over the group
+    density: float  # comp / mem
 
 
 @dataclass(frozen=True)
@@ -44,8 +60,42 @@ class CostModel:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(mem > 0, comp / np.where(mem > 0, mem, 1.0), np.inf)
 
+    def request_density(self, prompt_tokens: ArrayLike, output_tokens: ArrayLike) -> ArrayLike:
+        """rho(r) of each request on its own (no sharing)."""
+        return self.density(self.comp(prompt_tokens, output_tokens), self.mem_time(prompt_tokens, output_tokens))
 
-def combine(t_comp: float, t_mem: float, overlap: str = "max") -> float:
-    """Time of a set of work: f = max (perfect overlap) or f = sum (none)."""
-    f: Callable[[float, float], float] = max if overlap == "max" else (lambda a, b: a + b)
-    return float(f(t_comp, t_mem))
+    def group_cost(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, unique_prompt_tokens: int) -> GroupCost:
+        """Cost of a group whose distinct prompt tokens (shared prefixes once) number ``unique_prompt_tokens``."""
+        comp = float(self.comp_time(unique_prompt_tokens + np.sum(output_tokens, dtype=np.float64)))
+        mem = float(np.sum(self.mem_time(prompt_tokens, output_tokens)))
+        return GroupCost(comp, mem, float(self.density(comp, mem)))
+
+    def kv_read_time(self, kv_tokens: ArrayLike) -> ArrayLike:
+        """Seconds to read ``kv_tokens`` tokens of KV cache."""
+        return np.asarray(kv_tokens, dtype=np.float64) * self.model.kv_bytes_per_token / self.hardware.bandwidth
+
+    @property
+    def weight_read_time(self) -> float:
+        """Seconds to stream all weights once: the memory floor of every engine step."""
+        return self.model.weight_bytes / self.hardware.bandwidth
+
+    def attention_comp_time(self, query_tokens: ArrayLike, context_end: ArrayLike) -> ArrayLike:
+        """Attention FLOP time (QK^T and AV) of ``query_tokens`` new tokens ending at ``context_end``.
+
+        Causal: the new tokens attend on average to ``context_end - (query_tokens - 1) / 2``
+        positions; 4 FLOPs per position per head dimension per layer.
+        """
+        q = np.asarray(query_tokens, dtype=np.float64)
+        mean_ctx = np.asarray(context_end, dtype=np.float64) - (q - 1.0) / 2.0
+        width = self.model.num_heads * self.model.head_dim * self.model.num_layers
+        return 4.0 * q * mean_ctx * width / self.hardware.flops
+
+
+def combine(t_comp: ArrayLike, t_mem: ArrayLike, overlap: str = "max") -> ArrayLike:
+    """Time of a set of work: f = max (perfect overlap) or f = sum (none); vectorized."""
+    f: Callable[[ArrayLike, ArrayLike], ArrayLike] = OVERLAPS[overlap]
+    out = f(np.asarray(t_comp, dtype=np.float64), np.asarray(t_mem, dtype=np.float64))
+    return float(out) if np.ndim(out) == 0 else out
+
+
+OVERLAPS: dict[str, Callable[[ArrayLike, ArrayLike], ArrayLike]] = {"max": np.maximum, "sum": np.add}

@@ -1,0 +1,74 @@
+"""The theoretical optimum ``T_opt`` of a workload: a lower bound of every schedule.
+
+``T_opt = f(C*, M*)`` with the same ``f`` as the engine's step time, where
+
+- ``C*`` is the compute no schedule can avoid: every distinct prompt token
+  (a node of the prompts' prefix trie) computed once, plus the ``d - 1``
+  output tokens each request feeds back (the first output token comes out of
+  the prompt's last forward pass, the last one is never fed);
+- ``M*`` is the memory traffic no schedule can avoid: the forward pass that
+  yields output token ``j`` attends over all ``p + j - 1`` tokens before it, so a
+  request reads at least ``p * d + d * (d - 1) / 2`` tokens of KV (cache hits
+  save compute, not reads); and every engine step streams the weights once,
+  with at least ``max(d)`` steps, since a request's output tokens come from
+  distinct steps.
+
+Why it bounds the simulator: each step costs ``f(c_s, m_s)``, and both
+``sum_s max(c_s, m_s) >= max(sum c, sum m)`` and ``sum_s (c_s + m_s) = sum c + sum m``;
+the simulator's ``sum c >= C*`` and ``sum m >= M*`` for any order (recomputation,
+preemption and cache misses only add). The per-request formulas in ``cost.py``
+(the design's ``p + d`` and ``p d + d (d + 1) / 2``) count one token more per
+request, so they are not used here, to keep the bound strict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from blendserve.batch import RequestBatch
+from blendserve.costmodel.cost import CostModel, combine
+
+
+@dataclass(frozen=True)
+class Optimum:
+    comp: float  # C*: seconds of unavoidable compute
+    mem: float  # M*: seconds of unavoidable memory traffic (KV reads + one weight read per step)
+    time: float  # T_opt = f(C*, M*)
+    overlap: str  # f: "max" or "sum"
+
+
+def unique_prompt_tokens(batch: RequestBatch) -> int:
+    """Distinct prompt tokens of the batch: the nodes of its prompts' prefix trie.
+
+    Sorted by prefix, the trie has ``sum p - sum LCP(neighbours)`` nodes.
+    """
+    from blendserve.planner.lcp import sort_prompts  # the planner's exact LCP sort
+
+    if len(batch) == 0:
+        return 0
+    _, lcp = sort_prompts(batch.tokens, batch.token_offsets)
+    return int(batch.prompt_lens.sum() - lcp.sum())
+
+
+def t_opt(
+    cost_model: CostModel,
+    prompt_lens: np.ndarray,
+    output_tokens: np.ndarray,
+    unique_prompt: int,
+    overlap: str = "max",
+) -> Optimum:
+    """``T_opt`` of requests with these lengths whose prompts hold ``unique_prompt`` distinct tokens."""
+    p = np.asarray(prompt_lens, dtype=np.float64)
+    d = np.maximum(np.asarray(output_tokens, dtype=np.float64), 1.0)
+    comp = float(cost_model.comp_time(unique_prompt + np.sum(d - 1.0)))
+    kv_reads = float(np.sum(p * d + d * (d - 1.0) / 2.0))
+    min_steps = float(d.max(initial=0.0))
+    mem = float(cost_model.kv_read_time(kv_reads)) + min_steps * cost_model.weight_read_time
+    return Optimum(comp, mem, float(combine(comp, mem, overlap)), overlap)
+
+
+def batch_t_opt(cost_model: CostModel, batch: RequestBatch, output_tokens: np.ndarray, overlap: str = "max") -> Optimum:
+    """``T_opt`` of a request batch with the given true output lengths."""
+    return t_opt(cost_model, batch.prompt_lens, output_tokens, unique_prompt_tokens(batch), overlap)

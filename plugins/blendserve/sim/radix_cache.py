@@ -1,0 +1,128 @@
+"""A radix prefix cache over token ids with LRU eviction, like SGLang's.
+
+Nodes hold runs of token ids (numpy slices). A request locks the path to its
+node while it runs; unlocked nodes are evictable, leaves first, least recently
+used first. Sizes are in tokens: the simulator turns them into KV bytes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import numpy as np
+
+
+class RadixNode:
+    __slots__ = ("key", "children", "parent", "ref", "last_access", "alive")
+
+    def __init__(self, key: np.ndarray, parent: "RadixNode | None") -> None:
+        self.key = key  # token ids of the edge into this node
+        self.children: dict[int, RadixNode] = {}  # by first token of the child's key
+        self.parent = parent
+        self.ref = 0  # running requests whose locked path passes through this node
+        self.last_access = 0  # logical clock of the last match or insert touching it
+        self.alive = True  # False once evicted (stale heap entries check it)
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    m = min(len(a), len(b))
+    if m == 0:
+        return 0
+    a, b = a[:m], b[:m]
+    if a.tobytes() == b.tobytes():  # the common case (a whole edge matches) without a numpy reduction
+        return m
+    return int((a != b).argmax())
+
+
+class RadixCache:
+    def __init__(self) -> None:
+        self.root = RadixNode(np.zeros(0, dtype=np.int32), None)
+        self.root.ref = 1  # the root is never evicted
+        self.size = 0  # tokens held in the tree
+        self.evictable = 0  # tokens in unlocked nodes (all of them can be freed, leaves first)
+        self._clock = itertools.count(1)
+        self._heap: list[tuple[int, int, RadixNode]] = []  # (last_access, tiebreak, candidate leaf)
+        self._tiebreak = itertools.count()
+
+    def match_prefix(self, tokens: np.ndarray, limit: int | None = None) -> tuple[int, RadixNode]:
+        """Longest cached prefix of ``tokens[:limit]``: its length and the node where it ends."""
+        tokens = tokens[: len(tokens) if limit is None else limit]
+        node, pos, now = self.root, 0, next(self._clock)
+        while pos < len(tokens):
+            child = node.children.get(int(tokens[pos]))
+            if child is None:
+                break
+            n = _common_prefix(child.key, tokens[pos:])
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            node, pos = child, pos + n
+        return pos, node
+
+    def insert(self, tokens: np.ndarray) -> tuple[int, RadixNode]:
+        """Add ``tokens`` to the tree: the number of tokens newly stored, and the node where they end."""
+        matched, node = self.match_prefix(tokens)
+        if matched == len(tokens):
+            return 0, node
+        leaf = RadixNode(tokens[matched:], node)
+        leaf.last_access = node.last_access if matched else next(self._clock)
+        node.children[int(tokens[matched])] = leaf
+        added = len(leaf.key)
+        self.size += added
+        self.evictable += added
+        self._push(leaf)
+        return added, leaf
+
+    def lock(self, node: RadixNode) -> None:
+        while node is not None:
+            if node.ref == 0:
+                self.evictable -= len(node.key)
+            node.ref += 1
+            node = node.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        leaf = node
+        while node is not None:
+            node.ref -= 1
+            if node.ref == 0:
+                self.evictable += len(node.key)
+            node = node.parent
+        if leaf.ref == 0 and not leaf.children:
+            self._push(leaf)
+
+    def evict(self, tokens: int) -> int:
+        """Free at least ``tokens`` tokens if possible (whole nodes, LRU leaves first); returns tokens freed."""
+        freed = 0
+        while freed < tokens and self._heap:
+            stamp, _, node = heapq.heappop(self._heap)
+            if not node.alive or node.ref > 0 or node.children:
+                continue
+            if stamp != node.last_access:  # touched since it was queued: requeue at its real age
+                self._push(node)
+                continue
+            freed += self._remove_leaf(node)
+        return freed
+
+    def _remove_leaf(self, node: RadixNode) -> int:
+        parent = node.parent
+        del parent.children[int(node.key[0])]
+        node.alive = False
+        n = len(node.key)
+        self.size -= n
+        self.evictable -= n
+        if parent.ref == 0 and not parent.children:
+            self._push(parent)
+        return n
+
+    def _split(self, child: RadixNode, n: int) -> RadixNode:
+        """Cut ``child``'s edge after ``n`` tokens; returns the new upper node."""
+        upper = RadixNode(child.key[:n], child.parent)
+        upper.ref, upper.last_access = child.ref, child.last_access
+        upper.children[int(child.key[n])] = child
+        child.parent.children[int(child.key[0])] = upper
+        child.key, child.parent = child.key[n:], upper
+        return upper
+
+    def _push(self, node: RadixNode) -> None:
+        heapq.heappush(self._heap, (node.last_access, next(self._tiebreak), node))
