@@ -1,0 +1,178 @@
+"""Sort prompts by token sequence and find longest common prefixes of neighbours.
+
+The prefix tree is derived from these two arrays (like a suffix tree from a
+suffix array), so no Python object is ever made per token or per request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_HASH_MULT = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit multiplier (golden ratio)
+
+
+def _chunk_hash(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, chunk: int) -> np.ndarray:
+    """64-bit hash of tokens[starts : starts + chunk] (clipped at ends); ``chunk`` must be even.
+
+    Hashing a chunk lets one sort step compare ``chunk`` tokens at once. The
+    chunk is gathered as one (n, chunk) block and read as pairs of tokens
+    packed into 64 bits, so half the multiply-adds. Two different chunks
+    collide with probability about 2**-64 per pair; a collision only splits
+    one radix node into two siblings (less sharing found), it never loses
+    or duplicates a request.
+    """
+    last = max(len(tokens) - 1, 0)
+    cols = np.arange(chunk, dtype=np.int64)
+    block = tokens[np.minimum(starts[:, None] + cols, last)].astype(np.uint32) + np.uint32(2)
+    block[cols[None, :] >= (ends - starts)[:, None]] = 1  # past the prompt's end
+    packed = block.view(np.uint64)
+    h = packed[:, 0].copy()
+    with np.errstate(over="ignore"):
+        for k in range(1, packed.shape[1]):
+            h = h * _HASH_MULT + packed[:, k]
+    h[h == 0] = 1  # 0 is reserved for "prompt already ended"
+    return h
+
+
+def _refine_round(state: dict, tokens: np.ndarray, offsets: np.ndarray, lens: np.ndarray, j: int, chunk: int) -> None:
+    """Sort each active group by its ``j``-th chunk and split groups where chunks differ."""
+    active, order, group = state["active"], state["order"], state["group"]
+    req = order[active]
+    begin = offsets[req] + j * chunk
+    ended = lens[req] <= j * chunk
+    key = _chunk_hash(tokens, begin, offsets[req + 1], chunk)
+    key[ended] = 0
+    g = group[active]
+    perm = np.lexsort((key, g))  # groups are contiguous position ranges, so this only permutes within them
+    order[active] = req[perm]
+    key = key[perm]
+    starts = np.ones(len(active), dtype=bool)
+    starts[1:] = (g[1:] != g[:-1]) | (key[1:] != key[:-1])
+    fresh = starts.copy()
+    fresh[0] = False
+    fresh[1:] &= g[1:] == g[:-1]  # a boundary inside an old group: the pair parted at chunk j
+    state["split_round"][active[fresh]] = j
+    new_group = np.maximum.accumulate(np.where(starts, active, 0))
+    group[active] = new_group
+    shared = np.zeros(len(active), dtype=bool)
+    shared[1:] = new_group[1:] == new_group[:-1]
+    shared[:-1] |= shared[1:]
+    state["active"] = active[shared & (key != 0)]
+
+
+def sort_prompts(
+    tokens: np.ndarray, offsets: np.ndarray, tiebreak: np.ndarray | None = None, chunk: int = 16
+) -> tuple[np.ndarray, np.ndarray]:
+    """Order of prompts grouped by shared prefix, and LCP with the previous prompt in that order.
+
+    Groups are refined chunk by chunk (an MSD radix sort on chunk hashes);
+    only groups of two or more prompts that have not ended stay active, so
+    a round costs what is still shared, not the whole batch. Siblings are
+    ordered by hash, not by token value: the tree does not care, the planner
+    re-sorts siblings by density anyway. Equal prompts are ordered by
+    ``tiebreak`` (a sampling key), so identical requests end up adjacent.
+
+    Returns ``order`` (n,) and ``lcp`` (n,), ``lcp[i]`` = common prefix of
+    prompts ``order[i - 1]`` and ``order[i]`` (``lcp[0] = 0``).
+    """
+    if chunk < 2 or chunk % 2:
+        raise ValueError(f"chunk must be even and at least 2, got {chunk}")
+    n = len(offsets) - 1
+    lens = np.diff(offsets).astype(np.int64)
+    state = {
+        "order": np.arange(n, dtype=np.int64),
+        "group": np.zeros(n, dtype=np.int64),
+        "split_round": np.full(n, -1, dtype=np.int64),
+        "active": np.arange(n, dtype=np.int64) if n > 1 else np.zeros(0, dtype=np.int64),
+    }
+    j = 0
+    while len(state["active"]):
+        _refine_round(state, tokens, offsets, lens, j, chunk)
+        j += 1
+    order, group = state["order"], state["group"]
+    if tiebreak is not None and n:
+        order = order[np.lexsort((np.asarray(tiebreak)[order], group))]
+    lcp = _exact_lcp(tokens, offsets, lens, order, state["split_round"], chunk)
+    return order, lcp
+
+
+def _exact_lcp(
+    tokens: np.ndarray, offsets: np.ndarray, lens: np.ndarray, order: np.ndarray, split_round: np.ndarray, chunk: int
+) -> np.ndarray:
+    """LCP of neighbours: whole chunks before the round they parted, then token by token inside it."""
+    n = len(order)
+    lcp = np.zeros(n, dtype=np.int64)
+    if n < 2:
+        return lcp
+    a, b = order[:-1], order[1:]
+    rounds = split_round[1:]
+    same = rounds < 0  # never parted: identical prompts
+    lcp[1:][same] = lens[b][same]
+    parted = np.flatnonzero(~same)
+    a, b, base = a[parted], b[parted], rounds[parted] * chunk
+    extra = np.zeros(len(parted), dtype=np.int64)
+    equal = np.ones(len(parted), dtype=bool)
+    last = max(len(tokens) - 1, 0)
+    for k in range(chunk):
+        pa, pb = offsets[a] + base + k, offsets[b] + base + k
+        both = (pa < offsets[a + 1]) & (pb < offsets[b + 1])
+        match = both & (tokens[np.minimum(pa, last)] == tokens[np.minimum(pb, last)])
+        equal &= match
+        extra += equal
+    lcp[1:][parted] = base + extra
+    return lcp
+
+
+class RangeMin:
+    """Sparse table over an int array: O(1) range minimum, O(log n) nearest-smaller searches, all vectorized.
+
+    Level k holds min(values[i : i + 2**k]); levels are rows of one padded 2-D
+    table so a query of many ranges is a single gather.
+    """
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = np.asarray(values, dtype=np.int64)
+        n = len(self.values)
+        n_levels = max(int(n).bit_length(), 1)
+        self.table = np.full((n_levels, max(n, 1)), np.iinfo(np.int64).max, dtype=np.int64)
+        self.table[0, :n] = self.values
+        width = 1
+        for level in range(1, n_levels):
+            prev = self.table[level - 1]
+            self.table[level, : n - 2 * width + 1] = np.minimum(prev[: n - 2 * width + 1], prev[width : n - width + 1])
+            width *= 2
+
+    def query(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """min(values[lo:hi]) elementwise; hi > lo required."""
+        lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        k = _floor_log2(hi - lo)
+        flat = self.table.ravel()
+        row = k * self.table.shape[1]
+        return np.minimum(flat[row + lo], flat[row + hi - (np.int64(1) << k)])
+
+    def extent_at_least(self, index: np.ndarray, threshold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each i, the widest [lo, hi) around it with every value >= threshold[i].
+
+        Binary lifting over the table: one pass per level, over all i at once.
+        """
+        n = len(self.values)
+        lo = np.asarray(index, dtype=np.int64).copy()
+        hi = lo + 1
+        for level in range(self.table.shape[0] - 1, -1, -1):
+            width = 1 << level
+            table = self.table[level]
+            can = lo - width >= 0
+            can[can] = table[lo[can] - width] >= threshold[can]
+            lo[can] -= width
+            can = hi + width <= n
+            can[can] = table[hi[can]] >= threshold[can]
+            hi[can] += width
+        return lo, hi
+
+
+def _floor_log2(x: np.ndarray) -> np.ndarray:
+    """floor(log2(x)) for positive int64 x, exact (float log2 can round up just below a power of two)."""
+    k = np.floor(np.log2(np.maximum(x, 1).astype(np.float64))).astype(np.int64)
+    k -= (np.int64(1) << k) > x
+    k += (np.int64(1) << (k + 1)) <= x
+    return np.maximum(k, 0)
