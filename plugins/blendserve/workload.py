@@ -1,0 +1,311 @@
+"""Build paper-style workload files: an API trace, MMLU and video requests mixed to a target.
+
+The mix is solved for a target density (``Comp_eff / sum Mem`` of the whole
+file on a model/hardware pair, the root density the planner will see) and a
+target sharing ratio (``1 - unique prompt tokens / prompt tokens``: the share
+of prompt compute a perfect prefix cache saves). Video requests set the
+density, MMLU's shared 5-shot prefixes the sharing. Pools are sampled in
+cycles of permutations, so a file repeats a question or video prompt only
+after using them all (repeats are further samples: other seeds).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from blendserve.costmodel import CostModel
+from blendserve.schema import REQUEST_SCHEMA
+from blendserve.workload_sources import TOKENIZER_NOTE, VOCAB, Pool, system_prompt, video_lengths
+
+MIXES: dict[str, tuple[float, float]] = {  # name: (density, sharing), the paper's four main mixes
+    "d1.4-s35": (1.4, 0.35), "d1.4-s5": (1.4, 0.05), "d0.9-s35": (0.9, 0.35), "d0.9-s5": (0.9, 0.05),
+}
+SOURCES = ("api", "mmlu", "video")
+CHUNK_ROWS = 20_000  # rows materialized at once when writing (bounds memory at 400k requests)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    num_requests: int  # requests in the file
+    density: float | None = None  # target density of the mix (None with ``only``)
+    sharing: float | None = None  # target sharing ratio of the mix (None with ``only``)
+    only: str | None = None  # a single source ("api", "mmlu", "video") instead of a mix
+    seed: int = 0  # every random choice derives from it
+    api_trace: str = "azure-code"  # "azure-code" or "azure-conv"
+    system_prompt_tokens: int = 64  # the API trace's per-trace system prompt
+    video_mean_tokens: float = 16_000  # mean video output (frames x tokens per frame), as in the paper
+    mmlu_output_tokens: int = 2  # the answer letter and the end-of-text token that stops generation
+    name: str = "workload"  # prefix of request ids
+
+
+@dataclass
+class SourceStats:
+    """Per-request expectations of a pool, enough to cost a mix without building it."""
+
+    mean_p: float  # E[p]
+    mean_d: float  # E[d]
+    mean_reads: float  # E[p d + d (d + 1) / 2]: KV tokens read, as Mem counts them
+    shared: float  # tokens computed once however many requests (system prompt, subject prefixes)
+    per_distinct: float  # unique tokens each distinct row adds beyond ``shared``
+    distinct_rows: int  # rows in the pool (a larger count repeats rows)
+
+
+@dataclass
+class MixReport:
+    counts: dict[str, int]  # requests per source
+    density: float  # achieved Comp_eff / sum Mem of the file
+    sharing: float  # achieved 1 - unique / total prompt tokens
+    input_tokens: int  # sum of prompt tokens
+    output_tokens: int  # sum of true output tokens
+    unique_prompt_tokens: int  # distinct prompt tokens (shared prefixes once)
+    tokenizer: str = TOKENIZER_NOTE  # how text became token ids
+    notes: list[str] = field(default_factory=list)  # choices a reader should know
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def prefix_lengths(pool: Pool) -> np.ndarray:
+    """Tokens every prompt of a group shares (the MMLU subject's few-shot prefix), per group."""
+    out = np.zeros(int(pool.group.max(initial=0)) + 1, dtype=np.int64)
+    for g in range(len(out)):
+        rows = np.flatnonzero(pool.group == g)
+        first = pool.tokens[pool.offsets[rows[0]] : pool.offsets[rows[0] + 1]]
+        shared = len(first)
+        for r in rows[1:]:
+            other = pool.tokens[pool.offsets[r] : pool.offsets[r + 1]][:shared]
+            diff = np.flatnonzero(first[: len(other)] != other)
+            shared = int(diff[0]) if len(diff) else min(shared, len(other))
+        out[g] = shared
+    return out
+
+
+def source_stats(pool: Pool, spec: WorkloadSpec, rng: np.random.Generator) -> SourceStats:
+    p = pool.prompt_lens.astype(np.float64)
+    if pool.name == "video":
+        d, _, _ = video_lengths(rng, 100_000, spec.video_mean_tokens)
+        d = d.astype(np.float64)
+        reads = p.mean() * d.mean() + (np.mean(d * d) + d.mean()) / 2.0
+        return SourceStats(p.mean(), d.mean(), reads, 0.0, p.mean(), len(pool))
+    d = pool.outputs.astype(np.float64)
+    reads = float(np.mean(p * d + d * (d + 1.0) / 2.0))
+    if pool.name == "api":
+        s = np.minimum(spec.system_prompt_tokens, p - 1)  # a prompt keeps at least one token of its own
+        return SourceStats(p.mean(), d.mean(), reads, float(spec.system_prompt_tokens), float(np.mean(p - s)), 1 << 62)
+    prefix = prefix_lengths(pool)
+    return SourceStats(p.mean(), d.mean(), reads, float(prefix.sum()), float(np.mean(p - prefix[pool.group])), len(pool))
+
+
+def mix_metrics(stats: dict[str, SourceStats], counts: dict[str, float], cost: CostModel) -> tuple[float, float]:
+    """Expected (density, sharing) of a mix with these request counts."""
+    unique = total_p = out = reads = 0.0
+    for name, n in counts.items():
+        if n <= 0:
+            continue
+        st = stats[name]
+        unique += st.shared + min(n, st.distinct_rows) * st.per_distinct
+        total_p += n * st.mean_p
+        out += n * st.mean_d
+        reads += n * st.mean_reads
+    density = float(cost.density(cost.comp_time(unique + out), cost.kv_read_time(reads)))
+    return density, 1.0 - unique / total_p
+
+
+def _bisect(f, lo: float, hi: float, target: float, increasing: bool, iters: int = 50) -> float:
+    for _ in range(iters):
+        mid = (lo + hi) / 2.0
+        if (f(mid) < target) == increasing:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+def solve_mix(stats: dict[str, SourceStats], spec: WorkloadSpec, cost: CostModel) -> dict[str, int]:
+    """Request counts whose expected density and sharing meet the targets (clamped when out of reach).
+
+    Outer search: the MMLU share of compute-heavy requests (sharing rises with it);
+    inner search: the video share of all requests (density falls with it).
+    """
+    n = spec.num_requests
+
+    def counts(m: float, v: float) -> dict[str, float]:
+        return {"api": n * (1 - v) * (1 - m), "mmlu": n * (1 - v) * m, "video": n * v}
+
+    def video_share(m: float) -> float:
+        return _bisect(lambda v: mix_metrics(stats, counts(m, v), cost)[0], 0.0, 1.0, spec.density, False)
+
+    m = _bisect(lambda m: mix_metrics(stats, counts(m, video_share(m)), cost)[1], 0.0, 1.0, spec.sharing, True, 30)
+    raw = counts(m, video_share(m))
+    rounded = {k: int(round(v)) for k, v in raw.items()}
+    rounded["api"] += n - sum(rounded.values())
+    return rounded
+
+
+def draw_rows(rng: np.random.Generator, pool_size: int, n: int) -> np.ndarray:
+    """``n`` pool rows in cycles of permutations: no repeat before every row has been used."""
+    cycles = -(-n // pool_size) if n else 0
+    return np.concatenate([rng.permutation(pool_size) for _ in range(cycles)])[:n] if n else np.zeros(0, np.int64)
+
+
+@dataclass
+class Plan:
+    """Which pool row each request is, in file order."""
+
+    source: np.ndarray  # (n,) index into SOURCES
+    row: np.ndarray  # (n,) row of that source's pool
+    output: np.ndarray  # (n,) true output tokens
+    frames: np.ndarray  # (n,) video frames (0 for other sources)
+    tokens_per_frame: int  # video tokens per frame
+    counts: dict[str, int]  # requests per source
+
+
+def plan_requests(spec: WorkloadSpec, pools: dict[str, Pool], cost: CostModel) -> Plan:
+    rng = np.random.default_rng(spec.seed)
+    if spec.only:
+        counts = {name: (spec.num_requests if name == spec.only else 0) for name in SOURCES}
+    else:
+        stats = {name: source_stats(pools[name], spec, np.random.default_rng(spec.seed)) for name in SOURCES}
+        counts = solve_mix(stats, spec, cost)
+    source = np.repeat(np.arange(len(SOURCES)), [counts[s] for s in SOURCES])
+    row = np.concatenate([draw_rows(rng, len(pools[s]), counts[s]) if counts[s] else np.zeros(0, np.int64)
+                          for s in SOURCES])
+    output = np.zeros(len(source), dtype=np.int64)
+    frames = np.zeros(len(source), dtype=np.int64)
+    for i, name in enumerate(SOURCES):
+        at = source == i
+        if name != "video" and at.any():
+            output[at] = pools[name].outputs[row[at]]
+    video = source == SOURCES.index("video")
+    output[video], frames[video], tpf = video_lengths(rng, int(video.sum()), spec.video_mean_tokens)
+    order = rng.permutation(len(source))  # file order interleaves the sources
+    return Plan(source[order], row[order], output[order], frames[order], tpf, counts)
+
+
+def unique_prompt_tokens(plan: Plan, pools: dict[str, Pool], spec: WorkloadSpec) -> int:
+    """Distinct prompt tokens of the planned file (shared prefixes and repeated rows once)."""
+    unique = 0
+    for i, name in enumerate(SOURCES):
+        rows = np.unique(plan.row[plan.source == i])
+        if not len(rows):
+            continue
+        pool = pools[name]
+        if name == "api":
+            p = pool.prompt_lens[plan.row[plan.source == i]]
+            unique += spec.system_prompt_tokens + int(np.sum(p - np.minimum(spec.system_prompt_tokens, p - 1)))
+        elif name == "mmlu":
+            prefix = prefix_lengths(pool)
+            unique += int(prefix[np.unique(pool.group[rows])].sum() + np.sum(pool.prompt_lens[rows] - prefix[pool.group[rows]]))
+        else:
+            unique += int(pool.prompt_lens[rows].sum())
+    return unique
+
+
+def mix_report(plan: Plan, pools: dict[str, Pool], spec: WorkloadSpec, cost: CostModel) -> MixReport:
+    used = [(i, s) for i, s in enumerate(SOURCES) if plan.counts[s]]
+    p = np.concatenate([pools[s].prompt_lens[plan.row[plan.source == i]] for i, s in used])
+    d = np.concatenate([plan.output[plan.source == i] for i, _ in used])
+    unique = unique_prompt_tokens(plan, pools, spec)
+    group = cost.group_cost(p, d, unique)
+    notes = [
+        f"model/hardware for density: {cost.model.name} on {cost.hardware.name} (tp={cost.hardware.tp})",
+        f"API trace {spec.api_trace}: token counts only; prompt ids = a {spec.system_prompt_tokens}-token "
+        "per-trace system prompt + random ids",
+        f"MMLU: 5-shot prompts, {spec.mmlu_output_tokens} output tokens (answer letter + end-of-text)",
+        f"video: output = frames x {plan.tokens_per_frame} tokens/frame, frames drawn from "
+        "49/81/129 (CogVideoX/Wan2.1/HunyuanVideo), mean scaled to "
+        f"{spec.video_mean_tokens:.0f}; the length is known in advance (expected_output_tokens)",
+    ]
+    return MixReport(plan.counts, group.density, 1.0 - unique / float(p.sum()), int(p.sum()), int(d.sum()),
+                     unique, notes=notes)
+
+
+def load_pools(spec: WorkloadSpec, root: Path) -> dict[str, Pool]:
+    """The pools the spec draws from (all three for a mix)."""
+    from blendserve import workload_sources as ws
+
+    loaders = {"api": lambda: ws.load_api(root, spec.api_trace), "mmlu": lambda: ws.load_mmlu(root, spec.mmlu_output_tokens),
+               "video": lambda: ws.load_video(root)}
+    return {name: loaders[name]() for name in ([spec.only] if spec.only else SOURCES)}
+
+
+def build_workload(spec: WorkloadSpec, path: Path, cost: CostModel, root: Path) -> MixReport:
+    """Plan, write and describe one workload file."""
+    if spec.only is None and (spec.density is None or spec.sharing is None):
+        raise ValueError("a mix needs a target density and sharing (or pass only=<source>)")
+    pools = load_pools(spec, root)
+    plan = plan_requests(spec, pools, cost)
+    write_workload(plan, pools, spec, path)
+    return mix_report(plan, pools, spec, cost)
+
+
+def write_workload(plan: Plan, pools: dict[str, Pool], spec: WorkloadSpec, path: Path) -> None:
+    """Parquet with REQUEST_SCHEMA, written in chunks so 400k-request files fit in memory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pq.ParquetWriter(path, REQUEST_SCHEMA) as writer:
+        for start in range(0, len(plan.source), CHUNK_ROWS):
+            stop = min(start + CHUNK_ROWS, len(plan.source))
+            writer.write_table(_chunk_table(plan, pools, spec, start, stop))
+
+
+def _prompt_ids(plan: Plan, pools: dict[str, Pool], spec: WorkloadSpec, i: int, rng: np.random.Generator,
+                system: np.ndarray) -> np.ndarray:
+    pool, row = pools[SOURCES[plan.source[i]]], plan.row[i]
+    if pool.name != "api":
+        return pool.tokens[pool.offsets[row] : pool.offsets[row + 1]]
+    p = int(pool.prompt_lens[row])
+    s = min(spec.system_prompt_tokens, p - 1)
+    return np.concatenate([system[:s], rng.integers(0, VOCAB, size=p - s, dtype=np.int32)])
+
+
+def _chunk_table(plan: Plan, pools: dict[str, Pool], spec: WorkloadSpec, start: int, stop: int) -> pa.Table:
+    rng = np.random.default_rng([spec.seed, start])  # per chunk, so a chunk's ids do not depend on the others
+    system = system_prompt(spec.api_trace, spec.system_prompt_tokens)
+    idx = range(start, stop)
+    prompts = [_prompt_ids(plan, pools, spec, i, rng, system) for i in idx]
+    lens = np.array([len(t) for t in prompts], dtype=np.int32)
+    offsets = np.zeros(len(prompts) + 1, dtype=np.int32)
+    np.cumsum(lens, out=offsets[1:])
+    names = [SOURCES[s] for s in plan.source[start:stop]]
+    pool_rows = [(pools[name], int(r)) for name, r in zip(names, plan.row[start:stop])]
+    out = plan.output[start:stop]
+    video = np.array([n == "video" for n in names])
+    columns = {
+        "request_id": [f"{spec.name}-{i:07d}" for i in idx],
+        "endpoint": ["tokens" if n == "api" else "completion" for n in names],
+        "prompt": [pool.texts[r] if pool.texts is not None else None for pool, r in pool_rows],
+        "messages_json": [None] * len(names),
+        "prompt_token_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(prompts))),
+        "num_prompt_tokens": lens,
+        "max_tokens": np.where(names_is(names, "mmlu"), spec.mmlu_output_tokens, np.where(video, out, 2048)),
+        "temperature": np.where(names_is(names, "mmlu"), 0.0, 1.0).astype(np.float32),
+        "top_p": np.ones(len(names), dtype=np.float32),
+        "seed": np.arange(start, stop, dtype=np.int64),
+        "stop_json": [None] * len(names),
+        "expected_output_tokens": pa.array(np.where(video, out, 0), mask=~video, type=pa.int32()),
+        "sim_output_tokens": out.astype(np.int32),
+        "metadata_json": [_metadata(n, pool, r, f) for n, (pool, r), f in zip(names, pool_rows, plan.frames[start:stop])],
+        "source_file": [pool.source_file[r] for pool, r in pool_rows],
+        "source_row": np.array([pool.source_row[r] for pool, r in pool_rows], dtype=np.int64),
+    }
+    return pa.table({k: pa.array(v, type=REQUEST_SCHEMA.field(k).type) if not isinstance(v, pa.Array) else v
+                     for k, v in columns.items()}, schema=REQUEST_SCHEMA)
+
+
+def names_is(names: list[str], source: str) -> np.ndarray:
+    return np.array([n == source for n in names])
+
+
+def _metadata(name: str, pool: Pool, row: int, frames: int) -> str:
+    meta: dict[str, object] = {"source": name}
+    if name == "mmlu":
+        meta["subject"] = pool.source_file[row].split("/")[-1].removesuffix("_test.csv")
+    if name == "video":
+        meta["frames"] = int(frames)
+    return json.dumps(meta)
