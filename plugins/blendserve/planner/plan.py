@@ -132,7 +132,7 @@ def build_plan(
     steps = tree.output_est[leaf_order].astype(np.float64) + 1.0
     stream, sides = static_dual_scan_order(items, kv_capacity_tokens, steps)
     clock.lap("dual_scan")
-    cut = cut_shards(stream, sides, groups.starts, _item_costs(tree, leaf_order, cost_model), cost_model, shards)
+    cut = cut_shards(stream, sides, _item_costs(tree, leaf_order, cost_model), cost_model, shards)
     clock.lap("shards")
     return Plan(
         tree=tree,

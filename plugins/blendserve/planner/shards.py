@@ -3,8 +3,7 @@
 The stream eats the ordered list from both ends, so cutting it at a point
 in time gives each shard one contiguous piece from the left (compute-heavy)
 and one from the right (memory-heavy): every shard is itself blended and
-prefix-local. Cuts are moved to leaf-group boundaries so whole subtrees stay
-together; each cut loses at most one root-to-leaf path of sharing.
+prefix-local. Each cut loses at most one root-to-leaf path of sharing.
 """
 
 from __future__ import annotations
@@ -35,28 +34,24 @@ class Shards:
 def cut_shards(
     stream: np.ndarray,
     sides: np.ndarray,
-    group_starts: np.ndarray,
     item_costs: tuple[np.ndarray, np.ndarray, np.ndarray],
     cost_model: CostModel,
     k: int,
 ) -> Shards:
     """Split the dual-scan ``stream`` (item positions with their ``sides``) into ``k`` shards.
 
-    ``item_costs`` = (prompt tokens not shared with the previous item,
-    prompt tokens shared with it, Mem seconds) per item position; a shard
-    whose piece starts at an item pays that item's shared part again.
+    ``item_costs`` = (tokens computed if the previous item's prefix is
+    cached, prompt tokens shared with the previous item, Mem seconds) per
+    item position; a shard whose piece starts at an item pays that item's
+    shared part again. Every item is a leaf, so any cut is between whole
+    subtrees and loses at most the one prefix path it crosses.
     """
     n = len(stream)
     k = max(1, min(int(k), max(n, 1)))
     fresh, shared, mem = item_costs
-    comp_item = cost_model.comp_time(fresh)
-    work = np.cumsum((comp_item + mem)[stream])
-    targets = work[-1] * np.arange(1, k) / k if n else np.zeros(k - 1)
-    at = np.searchsorted(work, targets, side="left") + 1  # picks made by each cut
+    at = _balanced_cuts(cost_model.comp_time(fresh)[stream], mem[stream], k)
     left_picks = np.concatenate([[0], np.cumsum(sides == 0)])
-    left_cuts = _snap(left_picks[np.minimum(at, n)], group_starts)
-    right_cuts = _snap(n - (np.minimum(at, n) - left_picks[np.minimum(at, n)]), group_starts)
-    left_cuts, right_cuts = _monotone(left_cuts, right_cuts, n)
+    left_cuts, right_cuts = _monotone(left_picks[at], n - (at - left_picks[at]), n)
     of_item = np.empty(n, dtype=np.int64)
     for j in range(k):
         of_item[left_cuts[j] : left_cuts[j + 1]] = j
@@ -70,11 +65,31 @@ def cut_shards(
     return Shards(of_item, left_cuts, right_cuts, comp, mem_k, np.maximum(comp, mem_k))
 
 
-def _snap(cuts: np.ndarray, group_starts: np.ndarray) -> np.ndarray:
-    """Each cut moved to the nearest group boundary."""
-    i = np.clip(np.searchsorted(group_starts, cuts), 1, len(group_starts) - 1)
-    below, above = group_starts[i - 1], group_starts[i]
-    return np.where(cuts - below <= above - cuts, below, above)
+def _balanced_cuts(comp: np.ndarray, mem: np.ndarray, k: int) -> np.ndarray:
+    """K - 1 stream positions giving every piece about the same max(Comp, Mem).
+
+    For a per-shard time T the cuts follow greedily (a piece ends where
+    either sum reaches T); bisection finds the T that leaves the last piece
+    no longer than the others.
+    """
+    c = np.concatenate([[0.0], np.cumsum(comp)])
+    m = np.concatenate([[0.0], np.cumsum(mem)])
+    n = len(comp)
+
+    def cuts_for(t: float) -> np.ndarray:
+        at, out = 0, []
+        for _ in range(k - 1):
+            at = int(min(np.searchsorted(c, c[at] + t), np.searchsorted(m, m[at] + t), n))
+            out.append(at)
+        return np.asarray(out, dtype=np.int64)
+
+    lo, hi = max(c[-1], m[-1]) / k, max(c[-1], m[-1])
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        at = cuts_for(mid)
+        last = max(c[-1] - c[at[-1]], m[-1] - m[at[-1]]) if k > 1 else 0.0
+        lo, hi = (mid, hi) if last > mid else (lo, mid)
+    return cuts_for(hi)
 
 
 def _monotone(left: np.ndarray, right: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +100,7 @@ def _monotone(left: np.ndarray, right: np.ndarray, n: int) -> tuple[np.ndarray, 
     lefts, rights = [0], [n]
     for a, b in zip(left.tolist(), right.tolist()):
         a, b = max(a, lefts[-1]), min(b, rights[-1])
-        if a > b:  # snapping crossed the cursors: both meet between the previous cuts
+        if a > b:
             a = b = min(max(a, lefts[-1]), rights[-1])
         lefts.append(a)
         rights.append(b)

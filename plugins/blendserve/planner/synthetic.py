@@ -54,6 +54,23 @@ def synthetic_batch(
     return _with_duplicates(batch, rng, duplicate_fraction)
 
 
+def batch_from_prompts(prompts: list[list[int]], max_tokens: int = 64, expected: list[int] | None = None) -> RequestBatch:
+    """A small batch from literal token lists (ids ``r0``, ``r1``, ...), for tests."""
+    n = len(prompts)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in prompts], out=offsets[1:])
+    tokens = np.concatenate([np.asarray(p, dtype=np.int32) for p in prompts]) if offsets[-1] else np.zeros(0, np.int32)
+    known = np.full(n, UNKNOWN, dtype=np.int32) if expected is None else np.asarray(expected, dtype=np.int32)
+    return RequestBatch(
+        request_ids=np.array([f"r{i}" for i in range(n)], dtype=object),
+        token_offsets=offsets,
+        tokens=tokens,
+        max_tokens=np.full(n, max_tokens, dtype=np.int32),
+        expected_output_tokens=known,
+        sim_output_tokens=np.full(n, UNKNOWN, dtype=np.int32),
+    )
+
+
 def _tokens(rng: np.random.Generator, offsets: np.ndarray, family: np.ndarray, prefix_len: np.ndarray) -> np.ndarray:
     """Random tokens, then each request's first prefix_len[family] tokens overwritten by its family's prefix."""
     tokens = rng.integers(0, VOCAB, size=int(offsets[-1]), dtype=np.int32)

@@ -1,0 +1,90 @@
+"""``blendserve plan``: build the BlendServe plan of a request file, write it as Parquet, compare policies."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="plan a request file (tree, split, dual scan, shards) into Parquet")
+    p.add_argument("--input", required=True, help="normalized request Parquet (REQUEST_SCHEMA columns)")
+    p.add_argument("--out", required=True, help="directory for plan.parquet")
+    p.add_argument("--shards", type=int, default=1, help="data-parallel shards K")
+    p.add_argument("--model", default="llama-3.1-8b", help="model in the cost model's catalog")
+    p.add_argument("--hardware", default="a100-80g", help="accelerator in the cost model's catalog")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of each shard's engine")
+    p.add_argument("--keep-sharing", type=float, default=0.99, help="split budget: share of DFS prefix sharing kept")
+    p.add_argument("--no-split", action="store_true", help="skip conditional node splitting")
+    p.add_argument(
+        "--sim-outputs",
+        choices=["estimates", "truth"],
+        default="estimates",
+        help="output lengths the simulator runs with: the planner's estimates, or the file's sim_output_tokens",
+    )
+    p.add_argument("--no-simulate", action="store_true", help="write the plan without comparing policies")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from blendserve.batch import RequestBatch
+    from blendserve.costmodel import CostModel, get_hardware, get_model
+    from blendserve.planner import build_plan, default_output_estimates, write_plan
+    from blendserve.sim import SimConfig, kv_capacity_tokens
+
+    batch = RequestBatch.from_parquet(args.input)
+    cost_model = CostModel(get_model(args.model), get_hardware(args.hardware, tp=args.tp))
+    capacity = kv_capacity_tokens(cost_model, SimConfig())
+    estimates = default_output_estimates(batch)
+    plan = build_plan(
+        batch, cost_model, capacity, estimates, shards=args.shards,
+        keep_sharing=args.keep_sharing, with_split=not args.no_split,
+    )
+    path = write_plan(plan, batch, cost_model, args.out)
+    print(_summary(plan, path))
+    if not args.no_simulate:
+        outputs = estimates if args.sim_outputs == "estimates" else _truth(batch, estimates)
+        print(_policy_table(batch, cost_model, estimates, outputs, capacity, args.seed))
+    return 0
+
+
+def _summary(plan, path) -> str:  # type: ignore[no-untyped-def]
+    tree, shards = plan.tree, plan.shards
+    stages = ", ".join(f"{k} {v:.2f} s" for k, v in plan.timings.items())
+    sharing = plan.sharing_tokens / plan.dfs_sharing_tokens if plan.dfs_sharing_tokens else 1.0
+    moved = len(plan.split.moved) if plan.split is not None else 0
+    return "\n".join(
+        [
+            f"plan {path}: {len(tree.request_leaf)} requests, {tree.n_leaves} inferences, {len(plan.groups)} leaf groups",
+            f"  stages           {stages}",
+            f"  target density   {plan.target_density:.3f}",
+            f"  split            {moved} subtrees moved, prefix sharing kept {100 * sharing:.2f}% of DFS",
+            f"  shards           {len(shards.time)}, estimated seconds {[round(float(t), 1) for t in shards.time]},"
+            f" imbalance {shards.imbalance:.3f}",
+        ]
+    )
+
+
+def _truth(batch, estimates):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    from blendserve.batch import UNKNOWN
+
+    return np.where(batch.sim_output_tokens != UNKNOWN, batch.sim_output_tokens, estimates)
+
+
+def _policy_table(batch, cost_model, estimates, outputs, capacity, seed) -> str:  # type: ignore[no-untyped-def]
+    from blendserve.costmodel.optimum import batch_t_opt
+    from blendserve.policies import POLICIES, PolicyContext, make_controller
+    from blendserve.sim import simulate
+
+    context = PolicyContext(batch, estimates, cost_model, capacity, seed)
+    optimum = batch_t_opt(cost_model, batch, outputs).time
+    lines = [f"  {'policy':<20}{'predicted s':>12}{'tokens/s':>12}{'of optimum':>12}{'prefix hits':>12}"]
+    for name in sorted(POLICIES):
+        result = simulate(batch, outputs, cost_model, make_controller(name, context))
+        lines.append(
+            f"  {name:<20}{result.total_time:>12.1f}{result.throughput:>12,.0f}"
+            f"{optimum / result.total_time:>12.1%}{result.prefix_hit_ratio:>12.1%}"
+        )
+    return "\n".join(lines)
