@@ -9,7 +9,7 @@ from typing import Sequence
 
 # Each names a module in blendserve.commands that defines add_parser(subparsers),
 # which sets ``func`` on its parser. Heavy imports stay inside each func.
-COMMANDS = ("run",)
+COMMANDS = ("run", "plan", "simulate", "workload")
 
 
 def build_parser() -> argparse.ArgumentParser:

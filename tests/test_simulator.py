@@ -1,0 +1,144 @@
+"""Step simulator: radix cache, closed-form decode runs, exact small cases, and T_opt as a lower bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blendserve.admission import StaticOrder
+from blendserve.batch import UNKNOWN, RequestBatch
+from blendserve.costmodel import CostModel, batch_t_opt, get_hardware, get_model, t_opt
+from blendserve.sim import SimConfig, simulate
+from blendserve.sim.radix_cache import RadixCache
+from blendserve.sim.timeline import sum_linear_steps
+
+COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
+
+
+def make_batch(prompts: list[np.ndarray], outputs: list[int]) -> RequestBatch:
+    lens = np.array([len(p) for p in prompts], dtype=np.int64)
+    offsets = np.zeros(len(prompts) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    n = len(prompts)
+    return RequestBatch(
+        np.array([f"r{i}" for i in range(n)], dtype=object), offsets,
+        np.concatenate([np.asarray(p, dtype=np.int32) for p in prompts]),
+        np.full(n, 1 << 20, np.int32), np.full(n, UNKNOWN, np.int32), np.asarray(outputs, np.int32),
+    )
+
+
+class Recorder(StaticOrder):
+    """A static order that checks the protocol: each request admitted once, finished once."""
+
+    def __init__(self, order: np.ndarray) -> None:
+        super().__init__(order)
+        self.finished: dict[int, int] = {}
+
+    def on_finish(self, index: int, output_tokens: int) -> None:
+        assert index not in self.finished
+        self.finished[index] = output_tokens
+
+
+def test_radix_cache_matches_inserts_locks_and_evicts_lru() -> None:
+    cache = RadixCache()
+    a, b = np.arange(10, dtype=np.int32), np.concatenate([np.arange(6), [99, 98]]).astype(np.int32)
+    assert cache.insert(a)[0] == 10
+    added, node_b = cache.insert(b)
+    assert added == 2 and cache.size == 12
+    assert cache.match_prefix(b)[0] == 8
+    assert cache.match_prefix(a, limit=4)[0] == 4
+    cache.lock(node_b)
+    assert cache.evictable == 4  # a's private tail; the shared 6 and b's tail are locked
+    assert cache.evict(100) == 4 and cache.size == 8
+    cache.unlock(node_b)
+    assert cache.evict(1) == 2  # whole leaf (b's tail) first, then the shared node on demand
+    assert cache.evict(100) == 6 and cache.size == 0
+
+
+def test_lru_evicts_the_least_recently_used_leaf_first() -> None:
+    cache = RadixCache()
+    old, new = np.array([1, 2, 3], np.int32), np.array([7, 8], np.int32)
+    cache.insert(old)
+    cache.insert(new)
+    cache.match_prefix(old)  # touch: now ``new`` is the least recently used
+    cache.evict(1)
+    assert cache.match_prefix(new)[0] == 0 and cache.match_prefix(old)[0] == 3
+
+
+@pytest.mark.parametrize("overlap", ["max", "sum"])
+def test_closed_form_decode_run_equals_the_loop(overlap: str) -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        c0, c1, m0, m1 = rng.uniform(0, 2, 4) * [1, 0.01, 1, rng.choice([-0.02, 0.02])]
+        k = int(rng.integers(1, 300))
+        j = np.arange(1, k + 1)
+        f = np.maximum if overlap == "max" else np.add
+        assert sum_linear_steps(c0, c1, m0, m1, k, overlap) == pytest.approx(float(np.sum(f(c0 + c1 * j, m0 + m1 * j))))
+
+
+def test_single_request_time_is_the_sum_of_its_steps() -> None:
+    p, d = 300, 40
+    batch = make_batch([np.arange(p)], [d])
+    result = simulate(batch, np.array([d]), COST, StaticOrder([0]), SimConfig())
+    prefill = max(float(COST.comp_time(p)), COST.weight_read_time + float(COST.kv_read_time(p)))
+    decode = sum(max(float(COST.comp_time(1)), COST.weight_read_time + float(COST.kv_read_time(p + j))) for j in range(1, d))
+    assert result.total_time == pytest.approx(prefill + decode)
+    assert result.steps == d and result.computed_tokens == p + d - 1
+    assert result.throughput == pytest.approx((p + d) / result.total_time)
+
+
+def test_prefix_cache_hits_save_compute_of_the_shared_prefix() -> None:
+    shared = np.arange(500)
+    prompts = [np.concatenate([shared, [1000 + i]]) for i in range(3)]
+    batch = make_batch(prompts, [5, 5, 5])
+    on = simulate(batch, np.full(3, 5), COST, StaticOrder([0, 1, 2]), SimConfig(max_running=1))
+    off = simulate(batch, np.full(3, 5), COST, StaticOrder([0, 1, 2]), SimConfig(max_running=1, prefix_cache=False))
+    assert on.hit_tokens == 2 * 500 and on.prefix_hit_ratio == pytest.approx(1000 / 1503)
+    assert off.hit_tokens == 0 and off.computed_tokens - on.computed_tokens == 1000
+    assert on.total_time < off.total_time
+
+
+def test_kv_exhaustion_preempts_and_still_finishes_everything() -> None:
+    prompts = [np.arange(i * 1000, i * 1000 + 50) for i in range(8)]
+    batch = make_batch(prompts, [300] * 8)
+    controller = Recorder(np.arange(8))
+    result = simulate(batch, np.full(8, 300), COST, controller, SimConfig(kv_capacity_tokens=900))
+    assert result.preemptions > 0
+    assert controller.finished == {i: 300 for i in range(8)}
+    assert result.computed_tokens > 8 * (50 + 299)  # recomputation costs compute
+    assert result.total_time >= batch_t_opt(COST, batch, np.full(8, 300)).time
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> tuple[RequestBatch, np.ndarray, np.ndarray, SimConfig]:
+    n = draw(st.integers(1, 25))
+    prefixes = [np.arange(k * 10_000, k * 10_000 + draw(st.integers(0, 200))) for k in range(3)]
+    prompts, outputs = [], []
+    for i in range(n):
+        prefix = prefixes[draw(st.integers(0, 2))][: draw(st.integers(0, 200))]
+        tail = np.arange(100_000 + i * 1000, 100_000 + i * 1000 + draw(st.integers(0 if len(prefix) else 1, 120)))
+        prompts.append(np.concatenate([prefix, tail]))
+        outputs.append(draw(st.integers(1, 400)))
+    order = np.asarray(draw(st.permutations(range(n))))
+    config = SimConfig(
+        token_budget=draw(st.sampled_from([16, 64, 512, 8192])), max_running=draw(st.integers(1, 16)),
+        kv_capacity_tokens=draw(st.integers(900, 5000)), overlap=draw(st.sampled_from(["max", "sum"])),
+        attention_flops=draw(st.booleans()), prefix_cache=draw(st.booleans()),
+    )
+    return make_batch(prompts, outputs), np.asarray(outputs), order, config
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads())
+def test_simulated_time_is_never_below_t_opt(case: tuple[RequestBatch, np.ndarray, np.ndarray, SimConfig]) -> None:
+    batch, outputs, order, config = case
+    controller = Recorder(order)
+    result = simulate(batch, outputs, COST, controller, config)
+    cache = RadixCache()
+    unique = sum(cache.insert(batch.prompt(i))[0] for i in range(len(batch)))  # independent of the planner's LCP
+    optimum = t_opt(COST, batch.prompt_lens, outputs, unique, config.overlap)
+    assert result.total_time >= optimum.time * (1 - 1e-12)
+    assert result.comp_time >= optimum.comp * (1 - 1e-12) and result.mem_time >= optimum.mem * (1 - 1e-12)
+    assert controller.finished == {i: int(outputs[i]) for i in range(len(batch))}
