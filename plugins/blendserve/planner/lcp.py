@@ -14,18 +14,12 @@ _HASH_MULT = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit multiplier (golden rati
 def _chunk_hash(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, chunk: int) -> np.ndarray:
     """64-bit hash of tokens[starts : starts + chunk] (clipped at ends); ``chunk`` must be even.
 
-    Hashing a chunk lets one sort step compare ``chunk`` tokens at once. The
-    chunk is gathered as one (n, chunk) block and read as pairs of tokens
-    packed into 64 bits, so half the multiply-adds. Two different chunks
-    collide with probability about 2**-64 per pair; a collision only splits
-    one radix node into two siblings (less sharing found), it never loses
-    or duplicates a request.
+    It only answers "do all members of a group agree on this chunk?", which
+    is most rounds inside a long shared prefix; pairs of tokens are read as
+    one 64-bit word to halve the multiply-adds. A group whose different
+    chunks all collide (about 2**-64 per pair) would be kept whole by mistake.
     """
-    last = max(len(tokens) - 1, 0)
-    cols = np.arange(chunk, dtype=np.int64)
-    block = tokens[np.minimum(starts[:, None] + cols, last)].astype(np.uint32) + np.uint32(2)
-    block[cols[None, :] >= (ends - starts)[:, None]] = 1  # past the prompt's end
-    packed = block.view(np.uint64)
+    packed = _gather_chunk(tokens, starts, ends, chunk).view(np.uint64)
     h = packed[:, 0].copy()
     with np.errstate(over="ignore"):
         for k in range(1, packed.shape[1]):
@@ -34,30 +28,71 @@ def _chunk_hash(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, chunk:
     return h
 
 
+def _gather_chunk(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, width: int) -> np.ndarray:
+    """(n, width) uint32 block of token + 1 from each start, 0 past the prompt's end."""
+    last = max(len(tokens) - 1, 0)
+    cols = np.arange(width, dtype=np.int64)
+    block = tokens[np.minimum(starts[:, None] + cols, last)].astype(np.uint32) + np.uint32(1)
+    block[cols[None, :] >= (ends - starts)[:, None]] = 0
+    return block
+
+
+def _packed_words(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, chunk: int, bits: int) -> np.ndarray:
+    """The chunk as (n, W) uint64 words whose lexicographic order is the tokens' (0 = past the end)."""
+    per_word = 64 // bits
+    n_words = -(-chunk // per_word)
+    block = np.zeros((len(starts), n_words * per_word), dtype=np.uint64)
+    block[:, :chunk] = _gather_chunk(tokens, starts, ends, chunk)  # zeros after the chunk: same for all
+    block = block.reshape(len(starts), n_words, per_word)
+    shifts = (bits * np.arange(per_word - 1, -1, -1)).astype(np.uint64)
+    return np.bitwise_or.reduce(block << shifts, axis=2)
+
+
 def _refine_round(state: dict, tokens: np.ndarray, offsets: np.ndarray, lens: np.ndarray, j: int, chunk: int) -> None:
-    """Sort each active group by its ``j``-th chunk and split groups where chunks differ."""
+    """Split every active group by its members' ``j``-th chunk.
+
+    A hash of the chunk finds the groups whose members all agree (the common
+    case inside a long shared prefix): those stay as they are. Only groups
+    that do split are sorted, by exact packed tokens, so siblings come out in
+    token order and prompts sharing part of a chunk stay adjacent.
+    """
     active, order, group = state["active"], state["order"], state["group"]
     req = order[active]
-    begin = offsets[req] + j * chunk
-    ended = lens[req] <= j * chunk
-    key = _chunk_hash(tokens, begin, offsets[req + 1], chunk)
-    key[ended] = 0
+    key = _chunk_hash(tokens, offsets[req] + j * chunk, offsets[req + 1], chunk)
+    key[lens[req] <= j * chunk] = 0
     g = group[active]
-    perm = np.lexsort((key, g))  # groups are contiguous position ranges, so this only permutes within them
-    order[active] = req[perm]
-    key = key[perm]
-    starts = np.ones(len(active), dtype=bool)
-    starts[1:] = (g[1:] != g[:-1]) | (key[1:] != key[:-1])
-    fresh = starts.copy()
-    fresh[0] = False
-    fresh[1:] &= g[1:] == g[:-1]  # a boundary inside an old group: the pair parted at chunk j
-    state["split_round"][active[fresh]] = j
-    new_group = np.maximum.accumulate(np.where(starts, active, 0))
-    group[active] = new_group
-    shared = np.zeros(len(active), dtype=bool)
-    shared[1:] = new_group[1:] == new_group[:-1]
-    shared[:-1] |= shared[1:]
-    state["active"] = active[shared & (key != 0)]
+    head = np.ones(len(active), dtype=bool)
+    head[1:] = g[1:] != g[:-1]
+    group_index = np.cumsum(head) - 1
+    splitting = np.zeros(int(head.sum()), dtype=bool)
+    splitting[group_index[key != key[head][group_index]]] = True
+    in_split = splitting[group_index]
+    still = active[~in_split & (key != 0)]
+    if in_split.any():
+        still = np.sort(np.concatenate([still, _split_groups(state, tokens, offsets, active[in_split], j, chunk)]))
+    state["active"] = still
+
+
+def _split_groups(state: dict, tokens: np.ndarray, offsets: np.ndarray, positions: np.ndarray, j: int, chunk: int) -> np.ndarray:
+    """Sort the groups at ``positions`` by exact chunk ``j``, record where neighbours parted; return still-active positions."""
+    order, group = state["order"], state["group"]
+    req = order[positions]
+    g = group[positions]
+    words = _packed_words(tokens, offsets[req] + j * chunk, offsets[req + 1], chunk, state["bits"])
+    perm = np.lexsort(tuple(words[:, w] for w in range(words.shape[1] - 1, -1, -1)) + (g,))
+    order[positions] = req[perm]  # groups are contiguous position ranges: this only permutes within them
+    words = words[perm]
+    same_group = g[1:] == g[:-1]
+    continues = np.zeros(len(positions), dtype=bool)
+    continues[1:] = same_group & np.all(words[1:] == words[:-1], axis=1)
+    parted = np.zeros(len(positions), dtype=bool)
+    parted[1:] = same_group & ~continues[1:]
+    state["split_round"][positions[parted]] = j
+    new_group = np.maximum.accumulate(np.where(continues, 0, positions))
+    group[positions] = new_group
+    shared = continues.copy()
+    shared[:-1] |= continues[1:]
+    return positions[shared & (words[:, 0] != 0)]
 
 
 def sort_prompts(
@@ -65,11 +100,10 @@ def sort_prompts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Order of prompts grouped by shared prefix, and LCP with the previous prompt in that order.
 
-    Groups are refined chunk by chunk (an MSD radix sort on chunk hashes);
-    only groups of two or more prompts that have not ended stay active, so
-    a round costs what is still shared, not the whole batch. Siblings are
-    ordered by hash, not by token value: the tree does not care, the planner
-    re-sorts siblings by density anyway. Equal prompts are ordered by
+    Groups are refined chunk by chunk (an MSD radix sort); only groups of
+    two or more prompts that have not ended stay active, so a round costs
+    what is still shared, not the whole batch. The order is lexicographic
+    by token id (a shorter prompt before its extensions). Equal prompts are ordered by
     ``tiebreak`` (a sampling key), so identical requests end up adjacent.
 
     Returns ``order`` (n,) and ``lcp`` (n,), ``lcp[i]`` = common prefix of
@@ -77,6 +111,8 @@ def sort_prompts(
     """
     if chunk < 2 or chunk % 2:
         raise ValueError(f"chunk must be even and at least 2, got {chunk}")
+    if len(tokens) and tokens.min() < 0:
+        raise ValueError("token ids must be non-negative")
     n = len(offsets) - 1
     lens = np.diff(offsets).astype(np.int64)
     state = {
@@ -84,6 +120,7 @@ def sort_prompts(
         "group": np.zeros(n, dtype=np.int64),
         "split_round": np.full(n, -1, dtype=np.int64),
         "active": np.arange(n, dtype=np.int64) if n > 1 else np.zeros(0, dtype=np.int64),
+        "bits": max(int(tokens.max(initial=0)) + 1, 1).bit_length(),  # token + 1 fits; 0 marks "ended"
     }
     j = 0
     while len(state["active"]):
