@@ -15,12 +15,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of each shard's engine")
     p.add_argument("--keep-sharing", type=float, default=0.99, help="split budget: share of DFS prefix sharing kept")
     p.add_argument("--no-split", action="store_true", help="skip conditional node splitting")
-    p.add_argument(
-        "--sim-outputs",
-        choices=["estimates", "truth"],
-        default="estimates",
-        help="output lengths the simulator runs with: the planner's estimates, or the file's sim_output_tokens",
-    )
     p.add_argument("--no-simulate", action="store_true", help="write the plan without comparing policies")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -43,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     path = write_plan(plan, batch, cost_model, args.out)
     print(_summary(plan, path))
     if not args.no_simulate:
-        outputs = estimates if args.sim_outputs == "estimates" else _truth(batch, estimates)
-        print(_policy_table(batch, cost_model, estimates, outputs, capacity, args.seed))
+        # The simulator runs the file's true lengths (sim_output_tokens, else known, else max_tokens).
+        print(_policy_table(batch, cost_model, SimConfig(), args.seed))
     return 0
 
 
@@ -65,26 +59,15 @@ def _summary(plan, path) -> str:  # type: ignore[no-untyped-def]
     )
 
 
-def _truth(batch, estimates):  # type: ignore[no-untyped-def]
-    import numpy as np
+def _policy_table(batch, cost_model, config, seed) -> str:  # type: ignore[no-untyped-def]
+    from blendserve.policies import POLICIES
+    from blendserve.sim.compare import compare_policies
 
-    from blendserve.batch import UNKNOWN
-
-    return np.where(batch.sim_output_tokens != UNKNOWN, batch.sim_output_tokens, estimates)
-
-
-def _policy_table(batch, cost_model, estimates, outputs, capacity, seed) -> str:  # type: ignore[no-untyped-def]
-    from blendserve.costmodel.optimum import batch_t_opt
-    from blendserve.policies import POLICIES, PolicyContext, make_controller
-    from blendserve.sim import simulate
-
-    context = PolicyContext(batch, estimates, cost_model, capacity, seed)
-    optimum = batch_t_opt(cost_model, batch, outputs).time
+    report = compare_policies(batch, cost_model, config, sorted(POLICIES), seed)
     lines = [f"  {'policy':<20}{'predicted s':>12}{'tokens/s':>12}{'of optimum':>12}{'prefix hits':>12}"]
-    for name in sorted(POLICIES):
-        result = simulate(batch, outputs, cost_model, make_controller(name, context))
+    for row in report["policies"]:
         lines.append(
-            f"  {name:<20}{result.total_time:>12.1f}{result.throughput:>12,.0f}"
-            f"{optimum / result.total_time:>12.1%}{result.prefix_hit_ratio:>12.1%}"
+            f"  {row['policy']:<20}{row['time_s']:>12.1f}{row['throughput']:>12,.0f}"
+            f"{row['fraction_of_optimum']:>12.1%}{row['prefix_hit_ratio']:>12.1%}"
         )
     return "\n".join(lines)
