@@ -65,10 +65,11 @@ def plan_step(config: RunConfig) -> list[int]:
     return list(range(config.shards))
 
 
-def infer_shard(config: RunConfig, shard: int) -> dict:
-    """Serve one shard's requests in plan order; resumes after the committed part files."""
+def infer_shard(config: RunConfig, shard: int, keep_engine: bool = False) -> dict:
+    """Serve one shard's requests in plan order; resumes after the committed part files.
+    The engine stops at the end unless ``keep_engine`` (the next shard in this process reuses it)."""
     from blendserve.admission import StaticOrder
-    from blendserve.engines import get_engine
+    from blendserve.engines import engine_session
 
     shard_dir = config.shard_dir(shard)
     requests = _shard_requests(config, shard, skip=parts.committed_ids(shard_dir))
@@ -82,7 +83,8 @@ def infer_shard(config: RunConfig, shard: int) -> dict:
         if 0 <= config.fail_after_rows <= writer.committed + len(writer.buffer) - 1:
             raise InjectedFault(f"fault injection: shard {shard} stops after {config.fail_after_rows} rows")
 
-    stats = get_engine(config).run(requests, StaticOrder(np.arange(len(requests))), on_result)
+    with engine_session(config, keep=keep_engine) as engine:
+        stats = engine.run(requests, StaticOrder(np.arange(len(requests))), on_result)
     writer.flush()
     summary = {"shard": shard, "served": stats.requests, "errors": stats.errors, "wall_seconds": stats.wall_seconds,
                "prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
@@ -160,8 +162,15 @@ def summary(config: RunConfig) -> dict:
 
 
 def run_pipeline(config: RunConfig) -> dict:
+    """Every step in this process, shards one after another on one engine."""
+    from blendserve.engines import close_all, keep_engines
+
     ingest_step(config)
-    for shard in plan_step(config):
-        infer_shard(config, shard)
+    try:
+        for shard in plan_step(config):
+            infer_shard(config, shard, keep_engine=True)
+    finally:
+        if not keep_engines():
+            close_all()
     load_step(config)
     return summary(config)

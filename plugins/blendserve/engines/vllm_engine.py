@@ -96,7 +96,11 @@ class VllmEngine:
             in_flight[vllm_id] = (index, now)
 
     def close(self) -> None:
-        self.llm = None  # vLLM shuts its worker processes down when the engine is collected
+        # Shut the engine-core processes down now: at interpreter exit, multiprocessing
+        # joins them before vLLM's own teardown has asked them to stop.
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown(timeout=10)
+            self.llm = None
 
 
 def _sampling(request: EngineRequest):
