@@ -19,9 +19,13 @@ from blendserve.engines.base import Engine, EngineRequest, EngineResult, EngineS
 _STARTED: dict[tuple, Engine] = {}
 
 
+RUN_TIME_EXTRAS = ("vllm_mode",)  # settings a started engine takes per run (``reconfigure``): no new engine
+
+
 def engine_key(config: RunConfig) -> tuple:
+    extra = {k: v for k, v in config.extra.items() if k not in RUN_TIME_EXTRAS}
     return (config.engine, str(config.model_path()), config.max_model_len, config.max_num_seqs,
-            config.kv_cache_gb, config.enforce_eager, repr(sorted(config.extra.items())))
+            config.kv_cache_gb, config.enforce_eager, repr(sorted(extra.items())))
 
 
 def keep_engines() -> bool:
@@ -33,6 +37,9 @@ def engine_session(config: RunConfig, keep: bool = False) -> Iterator[Engine]:
     """The engine for ``config``; stopped at the end unless ``keep`` or BLENDSERVE_KEEP_ENGINES=1."""
     key = engine_key(config)
     engine = _STARTED.pop(key, None) or _start(config)
+    reconfigure = getattr(engine, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(config)
     try:
         yield engine
     finally:
@@ -53,7 +60,15 @@ def _start(config: RunConfig) -> Engine:
         from blendserve.engines.vllm_engine import VllmEngine
 
         return VllmEngine(config)
-    raise NotImplementedError(f"engine {config.engine!r} is not available yet; use --engine vllm")
+    if config.engine == "transformers":
+        from blendserve.engines.transformers_engine import TransformersEngine
+
+        return TransformersEngine(config)
+    if config.engine == "simulator":
+        from blendserve.engines.sim_engine import SimulatorEngine
+
+        return SimulatorEngine(config)
+    raise ValueError(f"unknown engine {config.engine!r}")
 
 
 __all__ = ["Engine", "EngineRequest", "EngineResult", "EngineStats", "close_all", "engine_session"]

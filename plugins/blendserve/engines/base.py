@@ -23,6 +23,8 @@ class EngineRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] | None = None
+    expected_output_tokens: int | None = None  # known in advance (a data column): planners and the simulator may use it
+    sim_output_tokens: int | None = None  # true length, read only by the simulator engine (its model of the model)
 
 
 @dataclass
@@ -48,13 +50,15 @@ class EngineResult:
 
 @dataclass
 class EngineStats:
-    wall_seconds: float = 0.0  # from the first admission to the last result
+    wall_seconds: float = 0.0  # from the first admission to the last result (simulated seconds for the simulator)
     requests: int = 0  # results returned (ok or error)
     errors: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # served from the prefix cache
     output_tokens: int = 0
-    timeline: list[dict] = field(default_factory=list)  # per-interval engine state, for reports
+    timeline: list[dict] = field(default_factory=list)  # per-interval engine state, keys in engines.common.TIMELINE_KEYS
+    order: list[int] = field(default_factory=list)  # request indices in the order they were handed to the engine
+    mode: str = ""  # how requests entered: "stream" (admission step by step) or "static" (one list)
 
     @property
     def tokens_per_second(self) -> float:
