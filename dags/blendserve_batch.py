@@ -12,6 +12,8 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, task
 
+from blendserve.assets import OUTPUTS
+
 DOC_MD = """
 ### blendserve_batch
 
@@ -19,9 +21,16 @@ Runs one dataset through an LLM and lands one output row per accepted request
 in DuckDB (`outputs` table, keyed by `run_id` and your `custom_id`).
 
 `ingest` (files -> normalized Parquet, bad rows -> `rejects` with a reason)
+-> `validate_input` (great-expectations on the accepted requests)
 -> `plan` (order with the chosen policy, cut into shards)
--> `infer` (one mapped task per shard; resumes from its committed part files when retried)
--> `load_outputs` (the single DuckDB writer) -> `summary`.
+-> `infer` (one mapped task per shard, queue and pool `gpu`; resumes from its committed part files when retried)
+-> `load_outputs` (the single DuckDB writer; updates the `blendserve_outputs` Asset)
+-> `validate_outputs` (exactly one output per accepted request) -> `summary`.
+
+Input and output paths must lie inside the data roots (`BLENDSERVE_DATA_ROOTS`,
+default the project's `data/` and `out/`); anything else fails the first task.
+The `blendserve_export` DAG runs on every update of the Asset and writes the
+OpenAI-style output and error files beside the DuckDB file.
 
 | parameter | meaning |
 |---|---|
@@ -35,6 +44,8 @@ in DuckDB (`outputs` table, keyed by `run_id` and your `custom_id`).
 | `kv_cache_gb` | KV cache size for vLLM on CPU |
 """
 
+INFER_POOL = os.environ.get("BLENDSERVE_INFER_POOL", "gpu")  # slots = GPUs (or CPU engines) available
+INFER_QUEUE = os.environ.get("BLENDSERVE_INFER_QUEUE", "gpu")  # Celery queue the GPU workers listen on
 DEFAULT_INPUT = os.environ.get("BLENDSERVE_DEFAULT_INPUT", "data/sample/requests.jsonl")
 DEFAULT_DB = os.environ.get("BLENDSERVE_DB", "out/blendserve.duckdb")
 
@@ -47,20 +58,23 @@ PARAMS = {
     "max_tokens": Param(256, type="integer", minimum=1, maximum=32768, description="Default max_tokens."),
     "max_model_len": Param(2048, type="integer", minimum=16, maximum=131072, description="Context length."),
     "kv_cache_gb": Param(1.0, type="number", exclusiveMinimum=0, description="KV cache (GB) on CPU."),
-    "fail_after_rows": Param(-1, type="integer", description="Testing only: a shard fails after this many rows."),
+    "fail_after_rows": Param(-1, type="integer", description="Testing only: each shard's first try fails after this many rows."),
 }
 
 
-def run_config(params: dict, run_id: str):
-    """The library's RunConfig for this DAG run (one run folder per Airflow run)."""
+def run_config(params: dict, run_id: str, try_number: int = 1):
+    """The library's RunConfig for this DAG run (one run folder per Airflow run).
+    Paths outside the data roots raise here, in the first task, with the reason."""
     from blendserve.config import RunConfig
+    from blendserve.paths import resolve_in_roots
 
     safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
     return RunConfig(
-        run_id=safe_id, input=params["input"], db=params["db"], engine=params["engine"],
+        run_id=safe_id, input=resolve_in_roots(params["input"], "input"), db=resolve_in_roots(params["db"], "db"),
+        engine=params["engine"],
         policy=params["policy"], shards=params["shards"], default_max_tokens=params["max_tokens"],
         max_model_len=params["max_model_len"], kv_cache_gb=params["kv_cache_gb"],
-        fail_after_rows=params["fail_after_rows"],
+        fail_after_rows=params["fail_after_rows"] if try_number == 1 else -1,  # injected faults hit the first try only
     )
 
 
@@ -82,37 +96,52 @@ def blendserve_batch():
         return ingest_step(run_config(params, run_id))
 
     @task
-    def plan(ingested: dict, params=None, run_id=None) -> list[int]:
+    def validate_input(ingested: dict, params=None, run_id=None) -> dict:
+        from blendserve.pipeline import validate_input_step
+
+        return validate_input_step(run_config(params, run_id))
+
+    @task
+    def plan(validated: dict, params=None, run_id=None) -> list[int]:
         from blendserve.pipeline import plan_step
 
         return plan_step(run_config(params, run_id))
 
-    @task(map_index_template="{{ shard_label }}")
-    def infer(shard: int, params=None, run_id=None) -> dict:
+    @task(map_index_template="{{ shard_label }}", pool=INFER_POOL, queue=INFER_QUEUE)
+    def infer(shard: int, params=None, run_id=None, ti=None) -> dict:
         from airflow.sdk import get_current_context
 
         from blendserve.pipeline import infer_shard
 
         get_current_context()["shard_label"] = f"shard {shard}"  # names the mapped task in the UI
 
-        return infer_shard(run_config(params, run_id), shard)
+        return infer_shard(run_config(params, run_id, ti.try_number), shard)
 
-    @task
-    def load_outputs(shard_reports: list[dict], params=None, run_id=None) -> dict:
+    @task(outlets=[OUTPUTS])
+    def load_outputs(shard_reports: list[dict], params=None, run_id=None, outlet_events=None) -> dict:
         from blendserve.pipeline import load_step
 
-        return load_step(run_config(params, run_id))
+        config = run_config(params, run_id)
+        loaded = load_step(config)
+        outlet_events[OUTPUTS].extra = {"db": config.db, "run_id": config.run_id}  # for the export DAG
+        return loaded
 
     @task
-    def summary(loaded: dict, params=None, run_id=None) -> dict:
+    def validate_outputs(loaded: dict, params=None, run_id=None) -> dict:
+        from blendserve.pipeline import validate_outputs_step
+
+        return validate_outputs_step(run_config(params, run_id))
+
+    @task
+    def summary(validated: dict, params=None, run_id=None) -> dict:
         from blendserve.pipeline import summary as run_summary
 
         result = run_summary(run_config(params, run_id))
         print(result)  # lands in the task log
         return result
 
-    shards = plan(ingest())
-    summary(load_outputs(infer.expand(shard=shards)))
+    shards = plan(validate_input(ingest()))
+    summary(validate_outputs(load_outputs(infer.expand(shard=shards))))
 
 
 blendserve_batch()

@@ -62,3 +62,15 @@ CREATE TABLE IF NOT EXISTS metrics (
     value       DOUBLE NOT NULL,
     PRIMARY KEY (run_id, name)
 );
+
+CREATE TABLE IF NOT EXISTS validation_results (
+    run_id       VARCHAR NOT NULL,
+    stage        VARCHAR NOT NULL,         -- input | input_counts | outputs
+    expectation  VARCHAR NOT NULL,         -- great-expectations expectation type
+    column_name  VARCHAR NOT NULL,         -- '' for table-level checks
+    success      BOOLEAN NOT NULL,
+    observed     VARCHAR,
+    unexpected   VARCHAR,                  -- a few offending values, JSON
+    checked_at   TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (run_id, stage, expectation, column_name)
+);

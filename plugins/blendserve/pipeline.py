@@ -2,7 +2,7 @@
 runs each as a task. Each step reads what the previous one wrote under the run
 folder, so any step can be re-run alone.
 
-ingest -> plan -> infer_shard (x shards) -> load -> summary
+ingest -> validate_input -> plan -> infer_shard (x shards) -> load -> validate_outputs -> summary
 """
 
 from __future__ import annotations
@@ -38,7 +38,24 @@ def ingest_step(config: RunConfig) -> dict:
     with store.connect(config.db) as con:
         store.start_run(con, config.run_id, config.to_json())
         store.load_requests(con, config.run_id, config.requests_path, config.rejects_path)
+        store.put_metrics(con, config.run_id, {"ingest_read": report.read, "ingest_accepted": report.accepted,
+                                               "ingest_rejected": report.rejected})
     return asdict(report)
+
+
+def validate_input_step(config: RunConfig) -> dict:
+    """great-expectations on the accepted requests; fails the step, naming the checks, if any fails."""
+    from blendserve.validation import raise_on_failure, validate_requests
+
+    requests = pq.read_table(config.requests_path, columns=["request_id", "num_prompt_tokens", "max_tokens"])
+    with store.connect(config.db) as con:
+        counts = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = ? AND name LIKE 'ingest_%'",
+                                  [config.run_id]).fetchall())
+        results = validate_requests(requests.to_pandas(), config.max_model_len,
+                                    int(counts["ingest_read"]), int(counts["ingest_rejected"]))
+        store.put_validation(con, config.run_id, results)
+    raise_on_failure(results)
+    return {"checks": len(results)}
 
 
 def plan_step(config: RunConfig) -> list[int]:
@@ -126,7 +143,6 @@ def load_step(config: RunConfig) -> dict:
             raise RuntimeError(f"{missing} accepted requests have no output; re-run the infer shards")
         metrics = _run_metrics(config)
         store.put_metrics(con, config.run_id, metrics)
-        store.finish_run(con, config.run_id)
     return {"inserted": inserted, **metrics}
 
 
@@ -141,6 +157,22 @@ def _run_metrics(config: RunConfig) -> dict[str, float]:
         "tokens_per_second": (prompt + output) / wall if wall else 0.0,
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
     }
+
+
+def validate_outputs_step(config: RunConfig) -> dict:
+    """great-expectations on the outputs: exactly one per accepted request, sane values."""
+    from blendserve.validation import raise_on_failure, validate_outputs
+
+    with store.connect(config.db) as con:
+        outputs = con.execute("""SELECT request_id, status, num_output_tokens, finish_reason
+                                 FROM outputs WHERE run_id = ?""", [config.run_id]).df()
+        accepted = [r[0] for r in con.execute("SELECT request_id FROM requests WHERE run_id = ?",
+                                              [config.run_id]).fetchall()]
+        results = validate_outputs(outputs, accepted, config.max_model_len)
+        store.put_validation(con, config.run_id, results)
+        store.finish_run(con, config.run_id, "finished" if all(r.success for r in results) else "failed")
+    raise_on_failure(results)
+    return {"checks": len(results)}
 
 
 def summary(config: RunConfig) -> dict:
@@ -166,6 +198,7 @@ def run_pipeline(config: RunConfig) -> dict:
     from blendserve.engines import close_all, keep_engines
 
     ingest_step(config)
+    validate_input_step(config)
     try:
         for shard in plan_step(config):
             infer_shard(config, shard, keep_engine=True)
@@ -173,4 +206,5 @@ def run_pipeline(config: RunConfig) -> dict:
         if not keep_engines():
             close_all()
     load_step(config)
+    validate_outputs_step(config)
     return summary(config)

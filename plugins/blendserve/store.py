@@ -87,3 +87,12 @@ def put_metrics(con: duckdb.DuckDBPyConnection, run_id: str, metrics: dict[str, 
         "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)",
         [[run_id, name, float(value)] for name, value in metrics.items()],
     )
+
+
+def put_validation(con: duckdb.DuckDBPyConnection, run_id: str, results: list) -> None:
+    """Store great-expectations results (``validation.CheckResult``); a re-check replaces the old row."""
+    now = datetime.now(timezone.utc)
+    con.executemany(
+        "INSERT OR REPLACE INTO validation_results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [[run_id, r.stage, r.expectation, r.column, r.success, r.observed, r.unexpected, now] for r in results],
+    )
