@@ -41,6 +41,7 @@ class ScanItems:
     group_density: np.ndarray  # (G,) density of each group
     kv_charge: np.ndarray  # (k,) estimated peak KV of each item in tokens: p + estimated d
     target_density: float  # rho_t: density of the whole job (the tree's root)
+    output_est: np.ndarray | None = None  # (k,) estimated d of each item; enables run-time correction
 
 
 class DualScanController:
@@ -53,6 +54,9 @@ class DualScanController:
     freeing its budget) only changes what ``on_progress`` does with them.
     """
 
+    overrun_factor = 1.0  # output / estimate above which a request counts as running past its estimate
+    corrections = 0  # on_progress reports that moved or re-charged an overrunning request
+
     def __init__(self, items: ScanItems, capacity_tokens: float) -> None:
         self.items = items
         self.capacity = float(capacity_tokens)
@@ -63,6 +67,7 @@ class DualScanController:
         self.inflight: dict[int, tuple[int, float]] = {}  # batch index -> (side, KV charge)
         self._groups = (-1, -1)  # groups under the cursors when the split was last computed
         self.splits = 0  # times the split was recomputed (a cursor entered a new group)
+        self._est_by_index = _estimate_lookup(items)  # batch index -> estimated d, for on_progress
         self._resplit()
 
     def _resplit(self) -> None:
@@ -119,9 +124,28 @@ class DualScanController:
         return index
 
     def on_progress(self, index: int, output_tokens: int) -> None:
-        # The charge is the estimated peak, held until the request finishes; run-time
-        # correction of overruns (a later issue) adjusts ``inflight`` and ``used`` here.
-        pass
+        """Run-time correction: a request past its estimated output moves to the right (memory-heavy) budget.
+
+        It has turned out longer than planned, so it is memory-heavy whatever
+        side admitted it; it is charged the KV it holds now (prompt plus
+        output so far) and re-charged at every later report. Without
+        per-item estimates the charge stays the estimated peak.
+        """
+        estimate = self._estimate_of(index)
+        if estimate is None or index not in self.inflight or output_tokens <= estimate * self.overrun_factor:
+            return
+        side, cost = self.inflight[index]
+        charge = max(cost - estimate + float(output_tokens), cost)
+        self.used[side] = max(self.used[side] - cost, 0.0)
+        self.used[RIGHT] += charge
+        self.inflight[index] = (RIGHT, charge)
+        self.corrections += 1
+
+    def _estimate_of(self, index: int) -> float | None:
+        table = self._est_by_index
+        if table is None or not 0 <= index < len(table) or np.isnan(table[index]):
+            return None
+        return float(table[index])
 
     def on_finish(self, index: int, output_tokens: int) -> None:
         side, cost = self.inflight.pop(index, (LEFT, 0.0))
@@ -129,6 +153,15 @@ class DualScanController:
 
     def remaining(self) -> int:
         return max(self.right - self.left, 0)
+
+
+def _estimate_lookup(items: ScanItems) -> np.ndarray | None:
+    """Estimated d by batch index (NaN for indices not in the scan), None without per-item estimates."""
+    if items.output_est is None:
+        return None
+    table = np.full(int(items.requests.max(initial=-1)) + 1, np.nan)
+    table[items.requests] = items.output_est
+    return table
 
 
 def static_dual_scan_order(

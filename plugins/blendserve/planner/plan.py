@@ -100,6 +100,7 @@ def scan_items(
         group_density=groups.density,
         kv_charge=charge,
         target_density=float(tree.stats.density[0]),
+        output_est=tree.output_est[leaf].astype(np.float64),
     )
 
 

@@ -1,0 +1,160 @@
+"""Output-length estimates from the warm-up sample, per prefix subtree, with their spread.
+
+Every unsampled request takes the sampled lengths of the nearest subtree
+that holds enough of them: the internal node right above its leaf, else that
+node's best-sampled sibling, else the same rule one level up (the parent's
+subtree, its siblings, ...), up to the root. Requests with the same prompt
+prefix tend to ask for the same kind of answer, so the nearest well-sampled
+subtree is the best guess; a sibling shares the parent's prefix too but is
+not diluted by the rest of the parent. The mean feeds the planner's
+densities; a high quantile of the same samples is there for KV budgeting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from blendserve.batch import UNKNOWN, RequestBatch
+from blendserve.planner.estimates import default_output_estimates
+from blendserve.planner.prefix_tree import PrefixTree
+
+# How each request's estimate was made (Estimates.kind).
+SAMPLED, KNOWN, SUBTREE, SIBLING, ANCESTOR, NO_SAMPLE = 0, 1, 2, 3, 4, 5
+KIND_NAMES = ("sampled", "known", "subtree", "sibling", "ancestor", "no_sample")
+
+
+@dataclass
+class Estimates:
+    mean: np.ndarray  # (n,) int64 estimated output tokens: the planner's d (capped by max_tokens)
+    high: np.ndarray  # (n,) int64 the ``quantile`` of the same samples, capped: a KV budget that rarely overruns
+    std: np.ndarray  # (n,) float64 spread of those samples (0 for sampled and known lengths)
+    source_node: np.ndarray  # (n,) int64 tree node whose samples made the estimate, -1 when none did
+    kind: np.ndarray  # (n,) int8 SAMPLED, KNOWN, SUBTREE, SIBLING, ANCESTOR or NO_SAMPLE
+    quantile: float  # the quantile ``high`` holds
+    min_samples: int  # samples a subtree needed to be used
+
+
+def estimate_outputs(
+    batch: RequestBatch,
+    tree: PrefixTree,
+    sampled_idx: np.ndarray,
+    observed_lengths: np.ndarray,
+    min_samples: int = 3,
+    quantile: float = 0.9,
+) -> Estimates:
+    """Estimates for every request of ``batch`` from the observed lengths of ``sampled_idx``.
+
+    A sampled request (and its duplicates, answered by the same inference)
+    gets its observed length; a known length in the data wins over
+    everything; the rest get their nearest well-sampled subtree's mean, or
+    ``max_tokens`` when nothing was sampled at all.
+    """
+    sampled_idx = np.asarray(sampled_idx, dtype=np.int64)
+    observed = np.asarray(observed_lengths, dtype=np.float64)
+    if observed.shape != sampled_idx.shape:
+        raise ValueError(f"{len(observed)} observed lengths for {len(sampled_idx)} sampled requests")
+    leaf_of_sample = tree.request_leaf[sampled_idx]
+    order = np.argsort(leaf_of_sample, kind="stable")
+    sample_leaf, sample_len = leaf_of_sample[order], observed[order]
+    count = np.searchsorted(sample_leaf, tree.hi) - np.searchsorted(sample_leaf, tree.lo)
+    source, kind = _resolve_sources(tree, count, max(min_samples, 1))
+    request_node = tree.parent[tree.n_internal + tree.request_leaf]  # nearest internal subtree of each request
+    req_source, req_kind = source[request_node], kind[request_node]
+    mean, high, std = _source_stats(tree, sample_leaf, sample_len, req_source, quantile)
+    fallback = default_output_estimates(batch).astype(np.float64)
+    none = req_source < 0
+    mean[none], high[none], std[none], req_kind[none] = fallback[none], fallback[none], 0.0, NO_SAMPLE
+    _overlay_observed(tree, sample_leaf, sample_len, mean, high, std, req_kind, req_source)
+    known = batch.expected_output_tokens != UNKNOWN
+    mean[known] = high[known] = batch.expected_output_tokens[known]
+    std[known], req_kind[known], req_source[known] = 0.0, KNOWN, -1
+    cap = np.maximum(batch.max_tokens.astype(np.int64), 1)
+    return Estimates(
+        mean=np.clip(np.rint(mean).astype(np.int64), 1, cap),
+        high=np.clip(np.ceil(high).astype(np.int64), 1, cap),
+        std=std,
+        source_node=req_source,
+        kind=req_kind.astype(np.int8),
+        quantile=float(quantile),
+        min_samples=int(min_samples),
+    )
+
+
+def _resolve_sources(tree: PrefixTree, count: np.ndarray, min_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per node: the node whose samples estimate it (-1: none anywhere) and how it was found."""
+    nodes = np.arange(tree.n_nodes)
+    own = count >= min_samples
+    sibling = _best_siblings(tree, count, min_samples)
+    own_rule = np.where(own, nodes, np.where(sibling >= 0, sibling, -1))
+    # Nodes with neither defer to their parent's answer; pointer doubling resolves every chain at once.
+    root_ok = count[0] > 0  # the root takes whatever samples exist rather than none
+    if own_rule[0] < 0 and root_ok:
+        own_rule[0] = 0
+    step = np.where(own_rule >= 0, nodes, np.maximum(tree.parent, 0))
+    while True:
+        nxt = step[step]
+        if np.array_equal(nxt, step):
+            break
+        step = nxt
+    source = own_rule[step]
+    kind = np.where(own, SUBTREE, np.where(sibling >= 0, SIBLING, ANCESTOR))
+    return source, kind
+
+
+def _best_siblings(tree: PrefixTree, count: np.ndarray, min_samples: int) -> np.ndarray:
+    """Per node: its sibling with the most samples among those with enough (-1 if none)."""
+    best = np.full(tree.n_nodes, -1, dtype=np.int64)
+    kids = np.flatnonzero((tree.parent >= 0) & (count >= min_samples))
+    if not len(kids):
+        return best
+    # Top two candidates per parent: a node's best sibling is the top one unless that is itself.
+    kids = kids[np.lexsort((-count[kids], tree.parent[kids]))]
+    parents = tree.parent[kids]
+    starts = np.flatnonzero(np.concatenate([[True], parents[1:] != parents[:-1]]))
+    top1 = np.full(tree.n_nodes, -1, dtype=np.int64)
+    top2 = np.full(tree.n_nodes, -1, dtype=np.int64)
+    top1[parents[starts]] = kids[starts]
+    has_second = np.concatenate([starts[1:], [len(kids)]]) - starts > 1
+    top2[parents[starts[has_second]]] = kids[starts[has_second] + 1]
+    children = np.flatnonzero(tree.parent >= 0)
+    first = top1[tree.parent[children]]
+    best[children] = np.where(first == children, top2[tree.parent[children]], first)
+    return best
+
+
+def _source_stats(
+    tree: PrefixTree, sample_leaf: np.ndarray, sample_len: np.ndarray, req_source: np.ndarray, quantile: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, quantile and standard deviation of each request's source subtree (NaN where there is none)."""
+    n = len(req_source)
+    mean, high, std = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    used, inverse = np.unique(req_source, return_inverse=True)
+    for j, node in enumerate(used):
+        if node < 0:
+            continue
+        a, b = np.searchsorted(sample_leaf, [tree.lo[node], tree.hi[node]])
+        values = sample_len[a:b]
+        at = inverse == j
+        mean[at], high[at], std[at] = values.mean(), np.quantile(values, quantile), values.std()
+    return mean, high, std
+
+
+def _overlay_observed(
+    tree: PrefixTree,
+    sample_leaf: np.ndarray,
+    sample_len: np.ndarray,
+    mean: np.ndarray,
+    high: np.ndarray,
+    std: np.ndarray,
+    kind: np.ndarray,
+    source: np.ndarray,
+) -> None:
+    """Sampled inferences (and their duplicates) take their observed length: it is the answer, not a guess."""
+    per_leaf = np.full(tree.n_leaves, np.nan)
+    per_leaf[sample_leaf] = sample_len
+    got = per_leaf[tree.request_leaf]
+    seen = ~np.isnan(got)
+    mean[seen] = high[seen] = got[seen]
+    std[seen], kind[seen], source[seen] = 0.0, SAMPLED, tree.n_internal + tree.request_leaf[seen]

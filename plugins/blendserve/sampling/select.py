@@ -1,0 +1,95 @@
+"""Which requests the warm-up phase runs: a seeded, subtree-covering sample of the prefix tree.
+
+Sampling works on leaves (distinct inferences), not requests: duplicates are
+answered by one inference, so sampling two of them would learn nothing new.
+Requests whose output length is known in advance are never sampled; there is
+nothing to learn from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from blendserve.batch import UNKNOWN, RequestBatch
+from blendserve.planner.prefix_tree import PrefixTree
+
+DEFAULT_RATE = 0.01  # the paper's 1%: it reports this works as well as 100%
+DEFAULT_MIN_SUBTREE = 100  # a subtree this large (in eligible inferences) always gets a sample
+DEFAULT_CAP = 5_000  # upper bound on sampled inferences, so a huge job's warm-up stays short
+
+
+def eligible_leaves(batch: RequestBatch, tree: PrefixTree) -> np.ndarray:
+    """(m,) bool: leaves worth sampling (their representative's output length is not known)."""
+    return batch.expected_output_tokens[tree.leaf_request] == UNKNOWN
+
+
+def select_samples(
+    batch: RequestBatch,
+    tree: PrefixTree,
+    rate: float = DEFAULT_RATE,
+    min_subtree: int = DEFAULT_MIN_SUBTREE,
+    cap: int = DEFAULT_CAP,
+    seed: int = 0,
+) -> np.ndarray:
+    """Batch indices (sorted) of the requests to run first.
+
+    ``rate`` of the eligible inferences are drawn uniformly at random, plus
+    one from every internal subtree with at least ``min_subtree`` eligible
+    inferences; ``cap`` bounds the total, keeping the coverage picks of the
+    largest subtrees first, because an unsampled large subtree is where an
+    estimate goes most wrong.
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"rate must be within [0, 1], got {rate}")
+    eligible = eligible_leaves(batch, tree)
+    n_eligible = int(eligible.sum())
+    if n_eligible == 0 or cap <= 0:
+        return np.zeros(0, dtype=np.int64)
+    priority = np.random.default_rng(seed).random(tree.n_leaves)
+    priority[~eligible] = np.inf  # never picked
+    coverage, coverage_size = _coverage_picks(tree, eligible, priority, min_subtree)
+    uniform = np.argsort(priority, kind="stable")[: int(np.ceil(rate * n_eligible))]
+    # Coverage picks first (largest subtree first), then the uniform draw in priority order.
+    ranked = np.concatenate([coverage[np.argsort(-coverage_size, kind="stable")], uniform])
+    _, first = np.unique(ranked, return_index=True)
+    leaves = ranked[np.sort(first)][:cap]
+    return np.sort(tree.leaf_request[leaves]).astype(np.int64)
+
+
+def _coverage_picks(
+    tree: PrefixTree, eligible: np.ndarray, priority: np.ndarray, min_subtree: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The lowest-priority eligible leaf of every internal node with >= min_subtree eligible leaves, and that size.
+
+    Every node covers the contiguous leaf range [lo, hi), so both the eligible
+    count and the lowest priority in it come from whole-array scans.
+    """
+    internal = np.arange(tree.n_internal)
+    csum = np.concatenate([[0], np.cumsum(eligible)])
+    size = csum[tree.hi[internal]] - csum[tree.lo[internal]]
+    big = internal[size >= max(min_subtree, 1)]
+    if not len(big):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    picks = np.array([tree.lo[v] + int(np.argmin(priority[tree.lo[v] : tree.hi[v]])) for v in big], dtype=np.int64)
+    return picks, size[size >= max(min_subtree, 1)]
+
+
+
+@dataclass
+class WarmupSplit:
+    run: np.ndarray  # batch indices the warm-up phase runs (the sampled inferences)
+    fanned: np.ndarray  # duplicates of sampled inferences: answered by the warm-up result, never run
+    rest: np.ndarray  # everything else: planned and run after the warm-up
+
+
+def split_warmup(tree: PrefixTree, sampled_idx: np.ndarray) -> WarmupSplit:
+    """Each request lands in exactly one of the three parts, so none is ever run twice."""
+    sampled_idx = np.unique(np.asarray(sampled_idx, dtype=np.int64))
+    leaf_sampled = np.zeros(tree.n_leaves, dtype=bool)
+    leaf_sampled[tree.request_leaf[sampled_idx]] = True
+    covered = leaf_sampled[tree.request_leaf]
+    is_run = np.zeros(len(covered), dtype=bool)
+    is_run[sampled_idx] = True
+    return WarmupSplit(run=sampled_idx, fanned=np.flatnonzero(covered & ~is_run), rest=np.flatnonzero(~covered))

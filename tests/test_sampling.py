@@ -1,0 +1,179 @@
+"""Warm-up sampling: selection, the estimator's fallback order, run-time correction, the report."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from blendserve.admission import EngineState
+from blendserve.batch import UNKNOWN
+from blendserve.costmodel import CostModel, get_hardware, get_model
+from blendserve.planner.dual_scan import LEFT, RIGHT, DualScanController, ScanItems
+from blendserve.planner.prefix_tree import build_prefix_tree
+from blendserve.planner.synthetic import batch_from_prompts, synthetic_batch
+from blendserve.sampling import (
+    estimate_outputs,
+    estimate_report,
+    estimate_table,
+    select_samples,
+    split_warmup,
+)
+from blendserve.sampling.estimator import ANCESTOR, KNOWN, NO_SAMPLE, SAMPLED, SIBLING, SUBTREE
+
+COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
+STATE = EngineState(running=0, waiting=0, kv_used_tokens=0, kv_total_tokens=0)
+
+
+def _hand_tree():  # type: ignore[no-untyped-def]
+    """Root -> A [1,1,1] (6 requests), B [2,2,2] -> B1 [5], B2 [6], B3 [7] (2 each), C [3,3,3] (2).
+
+    Index map: A = 0..5 (5 has a known length, 4 has max_tokens 5), B1 = 6, 7, B2 = 8, 9,
+    B3 = 10, 11, C = 12, 13.
+    """
+    prompts = [[1, 1, 1, 10 + i] for i in range(6)]
+    for branch in (5, 6, 7):
+        prompts += [[2, 2, 2, branch, 20 + i] for i in range(2)]
+    prompts += [[3, 3, 3, 30 + i] for i in range(2)]
+    expected = [UNKNOWN] * len(prompts)
+    expected[5] = 7
+    batch = batch_from_prompts(prompts, max_tokens=1000, expected=expected)
+    batch.max_tokens[4] = 5
+    return batch, build_prefix_tree(batch, COST)
+
+
+def _hand_estimates():  # type: ignore[no-untyped-def]
+    batch, tree = _hand_tree()
+    # A: 10, 20, 30 (mean 20, 3 samples); B1: 100 and B3: 300 (B holds 2, mean 200); B2 and C: none.
+    sampled = np.array([0, 1, 2, 6, 10])
+    observed = np.array([10, 20, 30, 100, 300])
+    return batch, tree, sampled, observed, estimate_outputs(batch, tree, sampled, observed, min_samples=2)
+
+
+def test_fallback_order_subtree_then_sibling_then_parent() -> None:
+    _, _, _, _, est = _hand_estimates()
+    assert est.mean[3] == 20 and est.kind[3] == SUBTREE  # A's own mean
+    # C has no samples; its siblings A (3 samples) and B (2): the best-sampled sibling, A, not the root (92).
+    assert est.mean[12] == est.mean[13] == 20 and est.kind[12] == SIBLING
+    # B2 has no samples, its siblings B1 and B3 one each (< 2): the parent B's mean of both.
+    assert est.mean[8] == est.mean[9] == 200 and est.kind[8] == ANCESTOR
+    # B1's unsampled request: B1 holds 1 sample, its sibling B3 too, so again B.
+    assert est.mean[7] == 200
+
+
+def test_sampled_requests_keep_observed_and_known_lengths_win() -> None:
+    batch, _, sampled, observed, est = _hand_estimates()
+    assert est.mean[sampled].tolist() == observed.tolist()
+    assert (est.kind[sampled] == SAMPLED).all()
+    assert est.mean[5] == est.high[5] == 7 and est.kind[5] == KNOWN
+    assert est.mean[4] == 5  # A's mean 20, capped by the request's max_tokens
+    # A known length wins even over an observed one.
+    both = estimate_outputs(batch, _hand_tree()[1], np.array([5, 0, 1]), np.array([999, 10, 10]), min_samples=2)
+    assert both.mean[5] == 7
+
+
+def test_every_unsampled_request_has_an_estimate_with_spread() -> None:
+    batch = synthetic_batch(3000, family_size=150, memory_heavy_fraction=0.3, seed=3)
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.01, min_subtree=100, seed=1)
+    est = estimate_outputs(batch, tree, sampled, batch.sim_output_tokens[sampled], quantile=0.9)
+    assert len(sampled) > 0
+    assert (est.kind != NO_SAMPLE).all()
+    assert (est.mean >= 1).all() and (est.mean <= batch.max_tokens).all()
+    estimated = (est.kind != SAMPLED) & (est.kind != KNOWN)
+    assert (est.high[estimated] >= est.mean[estimated]).all()
+    assert (est.std[estimated] > 0).any()
+
+
+def test_no_samples_falls_back_to_max_tokens() -> None:
+    batch, tree = _hand_tree()
+    est = estimate_outputs(batch, tree, np.zeros(0, np.int64), np.zeros(0))
+    unknown = batch.expected_output_tokens == UNKNOWN
+    assert (est.mean[unknown] == batch.max_tokens[unknown]).all() and (est.kind[unknown] == NO_SAMPLE).all()
+
+
+def test_selection_covers_big_subtrees_respects_rate_cap_and_seed() -> None:
+    batch = synthetic_batch(4000, family_size=300, memory_heavy_fraction=0.3, seed=5)
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.01, min_subtree=50, seed=7)
+    assert len(np.unique(sampled)) == len(sampled)
+    assert (batch.expected_output_tokens[sampled] == UNKNOWN).all()
+    eligible = batch.expected_output_tokens[tree.leaf_request] == UNKNOWN
+    assert len(sampled) >= np.ceil(0.01 * eligible.sum())
+    leaf_hit = np.zeros(tree.n_leaves, dtype=bool)
+    leaf_hit[tree.request_leaf[sampled]] = True
+    for v in range(tree.n_internal):
+        if eligible[tree.lo[v] : tree.hi[v]].sum() >= 50:
+            assert leaf_hit[tree.lo[v] : tree.hi[v]].any(), f"subtree {v} has no sample"
+    assert np.array_equal(sampled, select_samples(batch, tree, rate=0.01, min_subtree=50, seed=7))
+    assert not np.array_equal(sampled, select_samples(batch, tree, rate=0.01, min_subtree=50, seed=8))
+    assert len(select_samples(batch, tree, rate=0.5, cap=17, seed=7)) == 17
+
+
+def test_sampled_requests_never_run_twice_duplicates_included() -> None:
+    batch = synthetic_batch(2000, family_size=100, duplicate_fraction=0.3, seed=2)
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.05, min_subtree=20, seed=0)
+    parts = split_warmup(tree, sampled)
+    together = np.concatenate([parts.run, parts.fanned, parts.rest])
+    assert np.array_equal(np.sort(together), np.arange(len(batch)))  # each request in exactly one part
+    assert np.array_equal(parts.run, sampled)
+    assert len(parts.fanned) > 0  # the batch has duplicates of sampled prompts: answered, not rerun
+    run_leaves = set(tree.request_leaf[parts.run].tolist())
+    assert run_leaves.isdisjoint(tree.request_leaf[parts.rest].tolist())
+    assert set(tree.request_leaf[parts.fanned].tolist()) <= run_leaves
+
+
+def _two_items() -> ScanItems:
+    # Item 0 (left, compute-heavy) and item 1 (right): prompt 100, estimated outputs 20 and 50.
+    return ScanItems(
+        requests=np.array([0, 1, 2, 3]),
+        group=np.array([0, 0, 1, 1]),
+        group_density=np.array([10.0, 0.1]),
+        kv_charge=np.array([120.0, 120.0, 150.0, 150.0]),
+        target_density=1.0,
+        output_est=np.array([20.0, 20.0, 50.0, 50.0]),
+    )
+
+
+def test_overrun_is_charged_to_the_right_budget() -> None:
+    controller = DualScanController(_two_items(), capacity_tokens=1000)
+    index = controller.next_request(STATE)
+    side, _ = controller.inflight[index]
+    assert side == LEFT and index == 0
+    controller.on_progress(index, 16)  # within the estimate of 20: nothing changes
+    assert controller.inflight[index] == (LEFT, 120.0)
+    before_right = controller.used[RIGHT]
+    controller.on_progress(index, 64)  # past it: now memory-heavy, holding 100 + 64 tokens
+    assert controller.inflight[index] == (RIGHT, 164.0)
+    assert controller.used[LEFT] == 0.0 and controller.used[RIGHT] == before_right + 164.0
+    controller.on_finish(index, 80)
+    assert controller.used == [0.0, before_right]
+
+
+def test_early_finish_frees_its_budget_at_once() -> None:
+    items = _two_items()
+    controller = DualScanController(items, capacity_tokens=300)
+    first = [controller.next_request(STATE) for _ in range(2)]
+    assert None not in first
+    blocked = controller.next_request(STATE)
+    assert blocked is None  # both sides full under their shares
+    side, cost = controller.inflight[first[0]]
+    used = controller.used[side]
+    controller.on_finish(first[0], 2)  # far shorter than its estimate
+    assert controller.used[side] == pytest.approx(used - cost)
+    assert controller.next_request(STATE) is not None
+
+
+def test_report_errors_overall_and_per_subtree() -> None:
+    batch, tree, sampled, observed, est = _hand_estimates()
+    actual = np.array([10, 20, 30, 40, 5, 7, 100, 100, 200, 200, 300, 300, 40, 40])
+    rows = estimate_report(tree, est, actual)
+    overall = rows[0]
+    scored = (est.kind != SAMPLED) & (est.kind != KNOWN)
+    assert overall.requests == scored.sum()
+    e, a = est.mean[scored].astype(float), actual[scored].astype(float)
+    assert overall.mape == pytest.approx(np.mean(np.abs(e - a) / a))
+    assert overall.bias == pytest.approx((e - a).sum() / a.sum())
+    assert sum(r.requests for r in rows[1:]) == overall.requests
+    table = estimate_table(batch, est, np.where(np.arange(len(batch)) == 13, -1, actual))
+    assert table.num_rows == len(batch) and table.column("actual_output_tokens").null_count == 1
