@@ -10,10 +10,13 @@ import heapq
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from blendserve.admission import AdmissionController, EngineState
 from blendserve.engines.base import EngineRequest, EngineResult, EngineStats
+
+if TYPE_CHECKING:
+    from blendserve.batch import RequestBatch
 
 TIMELINE_KEYS: dict[str, str] = {
     "t": "seconds since the run started, at the end of the interval (simulated seconds for the simulator)",
@@ -31,6 +34,19 @@ TIMELINE_KEYS: dict[str, str] = {
 }
 SUMMED = ("steps", "prefill_tokens", "decode_tokens", "prefix_queries", "prefix_hits", "admitted", "finished")
 PROGRESS_FIRST = 16  # first output count reported to on_progress, then doubling (as the simulator does)
+
+
+def requests_from_batch(batch: "RequestBatch") -> list[EngineRequest]:
+    """Greedy engine requests for a columnar batch (benchmarks, tests): known and simulated lengths carried along."""
+    from blendserve.batch import UNKNOWN
+
+    def length(value: int) -> int | None:
+        return None if value == UNKNOWN else int(value)
+
+    return [EngineRequest(str(batch.request_ids[i]), batch.prompt(i).tolist(), int(batch.max_tokens[i]),
+                          expected_output_tokens=length(batch.expected_output_tokens[i]),
+                          sim_output_tokens=length(batch.sim_output_tokens[i]))
+            for i in range(len(batch))]
 
 
 def estimated_output(request: EngineRequest) -> int:

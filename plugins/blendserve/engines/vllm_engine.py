@@ -38,7 +38,9 @@ MODES = ("stream", "static")
 
 def configure_cpu_env(config: RunConfig) -> None:
     """vLLM-CPU reads these at engine start, in its worker processes."""
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{config.kv_cache_gb:g}"
+    # The legacy KV size variable takes whole GiB only (0.5 fails) and would override
+    # ``kv_cache_memory_bytes``, which sets the same size on a CPU and a GPU.
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     threads = config.cpu_threads or os.cpu_count() or 1
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
@@ -56,6 +58,28 @@ class StepStats:
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache this step
     prefix_hits: int = 0  # of those, served from the cache
     fresh: bool = False  # set on each record, cleared when read: did the last step report?
+
+
+class InFlight:
+    """Requests inside vLLM during one run, with their output so far."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, tuple[int, datetime, list[int], list[str]]] = {}  # id -> (index, added, ids, texts)
+        self.unstarted = 0  # added but no token yet: queued or still prefilling
+
+    def add(self, vllm_id: str, index: int) -> None:
+        self.requests[vllm_id] = (index, datetime.now(timezone.utc), [], [])
+        self.unstarted += 1
+
+    def update(self, output) -> tuple[int, datetime, list[int], list[str]]:  # type: ignore[no-untyped-def]
+        """Fold one DELTA output (only the new tokens) into its request."""
+        request = self.requests[output.request_id]
+        completion = output.outputs[0]
+        if not request[2] and (completion.token_ids or output.finished):
+            self.unstarted -= 1
+        request[2].extend(completion.token_ids)
+        request[3].append(completion.text)
+        return request
 
 
 def _stats_recorder(latest: StepStats):  # type: ignore[no-untyped-def]
@@ -108,6 +132,7 @@ class VllmEngine:
             enforce_eager=config.enforce_eager,
             dtype="bfloat16",
             seed=0,
+            kv_cache_memory_bytes=int(config.kv_cache_gb * (1 << 30)),
             disable_log_stats=False,  # per-step SchedulerStats are only produced with stats on
             **config.extra.get("vllm", {}),
         )
@@ -130,49 +155,50 @@ class VllmEngine:
     # -- one run -----------------------------------------------------------------------------------
     def run(self, requests: Sequence[EngineRequest], controller: AdmissionController, on_result: ResultSink) -> EngineStats:
         book = RunBook(controller, on_result, self.interval_s)
-        in_flight: dict[str, tuple[int, datetime, list[int], list[str]]] = {}  # id -> (index, admitted, ids, text)
+        flight = InFlight()
         self.latest.fresh = False
         if self.mode == "static":
-            self._add_all(requests, planned_order(controller, requests, self.kv_total_tokens), book, in_flight)
+            for index in planned_order(controller, requests, self.kv_total_tokens):
+                self._add(index, requests[index], book, flight, tell_controller=False)
         while True:
             if self.mode == "stream":
-                self._admit(requests, book, in_flight)
-            if not in_flight:
+                self._admit(requests, book, flight)
+            if not flight.requests:
                 if self.mode == "stream" and controller.remaining():
                     raise RuntimeError("admission controller admits nothing while the engine is idle")
                 break
-            self._step(requests, book, in_flight)
+            self._step(requests, book, flight)
         stats = book.close()
         stats.mode = self.mode
         return stats
 
-    def _state(self, pending: int) -> EngineState:
-        """vLLM's state as of the last step, plus the requests added since (not yet seen by its scheduler)."""
+    def _state(self, flight: "InFlight") -> EngineState:
+        """vLLM's state for the controller.
+
+        Running and KV come from the scheduler's stats of the last step. Waiting
+        is the requests added that have produced no token yet: the engine core
+        runs ahead of this process, so its own waiting count lags the adds.
+        """
         s = self.latest
-        return EngineState(running=s.running, waiting=s.waiting + pending,
+        return EngineState(running=s.running, waiting=max(s.waiting, flight.unstarted),
                            kv_used_tokens=int(round(s.kv_usage * self.kv_total_tokens)),
                            kv_total_tokens=self.kv_total_tokens)
 
-    def _admit(self, requests, book: RunBook, in_flight) -> None:  # type: ignore[no-untyped-def]
-        pending = 0  # added since the last step: vLLM's stats do not count them yet
+    def _admit(self, requests, book: RunBook, flight: "InFlight") -> None:  # type: ignore[no-untyped-def]
         while book.controller.remaining():
-            state = self._state(pending)
-            if state.waiting >= WAITING_AHEAD or (self.latest.kv_usage >= KV_FULL and in_flight):
+            state = self._state(flight)
+            if state.waiting >= WAITING_AHEAD or (self.latest.kv_usage >= KV_FULL and flight.requests):
                 return
-            if state.running + state.waiting >= self.max_num_seqs + WAITING_AHEAD:
+            if len(flight.requests) >= self.max_num_seqs + WAITING_AHEAD:
                 return
             index = book.controller.next_request(state)
             if index is None:
                 return
-            pending += self._add(index, requests[index], book, in_flight)
+            self._add(index, requests[index], book, flight)
 
-    def _add_all(self, requests, order: list[int], book: RunBook, in_flight) -> None:  # type: ignore[no-untyped-def]
-        for index in order:
-            self._add(index, requests[index], book, in_flight, tell_controller=False)
-
-    def _add(self, index: int, request: EngineRequest, book: RunBook, in_flight,  # type: ignore[no-untyped-def]
-             tell_controller: bool = True) -> int:
-        """1 if vLLM took the request; 0 if it refused it (then it is answered as an error now)."""
+    def _add(self, index: int, request: EngineRequest, book: RunBook, flight: "InFlight",
+             tell_controller: bool = True) -> None:
+        """Hand ``request`` to vLLM; a request it refuses is answered as an error at once."""
         book.stats.order.append(index)
         reason = refusal(request, self.max_model_len, "context (max_model_len)")
         if reason is None:
@@ -184,23 +210,19 @@ class VllmEngine:
                 reason = str(err)
         if reason is not None:
             book.refuse(index, request, reason, tell_controller)
-            return 0
-        in_flight[vllm_id] = (index, datetime.now(timezone.utc), [], [])
+            return
+        flight.add(vllm_id, index)
         book.admitted_since_sample += 1
-        return 1
 
-    def _step(self, requests, book: RunBook, in_flight) -> None:  # type: ignore[no-untyped-def]
+    def _step(self, requests, book: RunBook, flight: "InFlight") -> None:  # type: ignore[no-untyped-def]
         for output in self.llm.llm_engine.step():
-            index, admitted_at, token_ids, texts = in_flight[output.request_id]
-            completion = output.outputs[0]
-            token_ids.extend(completion.token_ids)  # DELTA outputs: each step brings only the new tokens
-            texts.append(completion.text)
+            request = flight.update(output)
             if output.finished:
-                del in_flight[output.request_id]
+                index, admitted_at, token_ids, texts = flight.requests.pop(output.request_id)
                 book.finish(index, _result(requests[index], output, admitted_at, token_ids, "".join(texts)),
                             tell_controller=self.mode == "stream")
             elif self.mode == "stream":
-                book.progress.update(index, len(token_ids))
+                book.progress.update(request[0], len(request[2]))
         self._sample(book)
 
     def _sample(self, book: RunBook) -> None:
