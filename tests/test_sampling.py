@@ -177,3 +177,28 @@ def test_report_errors_overall_and_per_subtree() -> None:
     assert sum(r.requests for r in rows[1:]) == overall.requests
     table = estimate_table(batch, est, np.where(np.arange(len(batch)) == 13, -1, actual))
     assert table.num_rows == len(batch) and table.column("actual_output_tokens").null_count == 1
+
+
+def test_inline_warmup_admits_samples_first_and_every_request_once() -> None:
+    from blendserve.sampling import warmup_controller
+    from blendserve.sim import SimConfig, simulate
+
+    batch = synthetic_batch(1500, family_size=100, memory_heavy_fraction=0.2, seed=4)
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
+    controller = warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=200_000)
+    admitted: list[int] = []
+    inner_next = controller.next_request
+
+    def record(state: EngineState) -> int | None:
+        picked = inner_next(state)
+        if picked is not None:
+            admitted.append(picked)
+        return picked
+
+    controller.next_request = record  # type: ignore[method-assign]
+    simulate(batch, batch.sim_output_tokens, COST, controller, SimConfig(kv_capacity_tokens=200_000))
+    assert sorted(admitted) == list(range(len(batch)))  # every request once: none twice, none lost
+    assert admitted[: len(sampled)] == sampled.tolist()
+    assert controller.inner is not None and 0 < controller.unplanned < len(batch) - len(sampled)
+    assert controller.observed == {int(i): int(batch.sim_output_tokens[i]) for i in sampled}

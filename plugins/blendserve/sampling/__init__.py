@@ -29,16 +29,24 @@ API for the pipeline (``warmup`` step between ingest and plan):
 ``split_warmup(tree, sampled_idx) -> WarmupSplit``
     ``run`` (the warm-up phase), ``fanned`` (duplicates a warm-up result
     answers) and ``rest`` (planned after it): every request in exactly one.
+``warmup_controller(batch, tree, sampled, cost_model, kv_capacity_tokens, policy="blendserve") -> WarmupController``
+    The warm-up inside one engine run: samples first, random fillers keep
+    the engine busy while they run, then the plan from their lengths takes
+    over. Pass it to ``engine.run(requests, controller, on_result)``; its
+    ``observed`` holds the sampled lengths afterwards. A separate warm-up
+    phase is the alternative when the sample must be stored before planning.
 """
 
 from blendserve.sampling.estimator import KIND_NAMES, Estimates, estimate_outputs
 from blendserve.sampling.report import ESTIMATE_SCHEMA, ErrorRow, estimate_report, estimate_table, report_text
 from blendserve.sampling.select import WarmupSplit, eligible_leaves, select_samples, split_warmup
+from blendserve.sampling.warmup import WarmupController, warmup_controller
 
 __all__ = [
     "ESTIMATE_SCHEMA",
     "ErrorRow",
     "Estimates",
+    "WarmupController",
     "WarmupSplit",
     "KIND_NAMES",
     "eligible_leaves",
@@ -48,4 +56,5 @@ __all__ = [
     "report_text",
     "select_samples",
     "split_warmup",
+    "warmup_controller",
 ]
