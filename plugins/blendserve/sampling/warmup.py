@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from blendserve.admission import AdmissionController, EngineState
+from blendserve.admission import AdmissionController, EngineState, StaticOrder
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.planner.prefix_tree import PrefixTree
@@ -60,7 +60,8 @@ class WarmupController:
     def _make_plan(self) -> None:
         self._rest = np.sort(self.fillers[self._next_filler :])
         observed = np.array([self.observed[int(i)] for i in self.sampled], dtype=np.int64)
-        self.inner = self.plan(self._rest, self.sampled, observed)
+        # Everything may have run already (a 100% sample, or fillers took the rest): nothing to plan.
+        self.inner = self.plan(self._rest, self.sampled, observed) if len(self._rest) else StaticOrder([])
         self._inner_of = {int(b): k for k, b in enumerate(self._rest)}
 
     def on_progress(self, index: int, output_tokens: int) -> None:
