@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blendserve.admission import EngineState
-from blendserve.planner.dual_scan import DualScanController, ScanItems, memory_split, static_dual_scan_order
+from blendserve.planner.dual_scan import RIGHT, DualScanController, ScanItems, memory_split, static_dual_scan_order
+from blendserve.planner.dual_scan_projected import ProjectedDualScan, projected_peak
 
 STATE = EngineState(running=0, waiting=0, kv_used_tokens=0, kv_total_tokens=0)
 
@@ -84,3 +85,32 @@ def test_static_order_is_a_permutation_and_starts_from_both_ends() -> None:
     right = stream[sides == 1]
     assert np.all(np.diff(left) == 1) and np.all(np.diff(right) == -1)
     assert len(left) and len(right) and left.max() < right.min()
+
+
+def test_projected_peak_counts_growth_until_each_request_ends() -> None:
+    # Two requests: 10 KV now with 100 steps left, and 50 now with 5 left.
+    # Just before the short one ends (tau = 4): 14 + 54 = 68; later the long one alone peaks at 10 + 99 = 109.
+    assert projected_peak(np.array([10.0, 50.0]), np.array([100.0, 5.0])) == 109.0
+    assert projected_peak(np.array([10.0, 50.0]), np.array([3.0, 5.0])) == 12.0 + 52.0  # tau = 2
+    assert projected_peak(np.zeros(0), np.zeros(0)) == 0.0
+
+
+def _memory_heavy_items(n: int, output: float) -> ScanItems:
+    # Item 0 is a compute-heavy group the target gives no memory (M_L = 0); the rest are long decodes.
+    return ScanItems(
+        requests=np.arange(n), group=np.minimum(np.arange(n), 1), group_density=np.array([10.0, 0.1]),
+        kv_charge=np.full(n, 10.0 + output), target_density=0.1, output_est=np.full(n, output),
+    )
+
+
+def test_projected_scan_staggers_long_decodes_that_peak_charges_would_hold_back() -> None:
+    items = _memory_heavy_items(40, output=1000.0)
+    peak, projected = DualScanController(items, 5000), ProjectedDualScan(items, 5000)
+    assert sum(peak.next_request(STATE) is not None for _ in range(10)) == 4  # 4 x 1010 tokens of 5000
+    started = [projected.next_request(STATE) for _ in range(10)]
+    assert sum(i is not None for i in started) == 4  # started together they peak together: no more room
+    for index in started[:4]:
+        projected.on_progress(index, 900)  # 100 steps from their end: a newcomer peaks after they are gone
+    assert projected.next_request(STATE) is not None
+    assert peak.next_request(STATE) is None  # peak charges still see the share as full
+    assert projected._load(RIGHT) <= projected.share[RIGHT]

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from blendserve.admission import StaticOrder
 from blendserve.batch import UNKNOWN, RequestBatch
-from blendserve.costmodel import CostModel, batch_t_opt, get_hardware, get_model, t_opt
-from blendserve.sim import SimConfig, simulate
+from blendserve.costmodel import CostModel, balanced_token_budget, batch_t_opt, get_hardware, get_model, t_opt
+from blendserve.sim import SimConfig, kv_capacity_tokens, simulate
 from blendserve.sim.radix_cache import RadixCache
 from blendserve.sim.timeline import sum_linear_steps
 
@@ -142,3 +142,47 @@ def test_simulated_time_is_never_below_t_opt(case: tuple[RequestBatch, np.ndarra
     assert result.total_time >= optimum.time * (1 - 1e-12)
     assert result.comp_time >= optimum.comp * (1 - 1e-12) and result.mem_time >= optimum.mem * (1 - 1e-12)
     assert controller.finished == {i: int(outputs[i]) for i in range(len(batch))}
+
+
+@st.composite
+def long_decodes(draw: st.DrawFn) -> tuple[RequestBatch, np.ndarray, np.ndarray, SimConfig]:
+    """Few long decodes on a small KV cache, where the KV-capacity step bound binds."""
+    n = draw(st.integers(2, 10))
+    prompts = [np.arange(i * 1000, i * 1000 + draw(st.integers(1, 40))) for i in range(n)]
+    outputs = np.array([draw(st.integers(50, 700)) for _ in range(n)])
+    config = SimConfig(
+        token_budget=draw(st.sampled_from([None, 16, 512])), max_running=draw(st.integers(1, 16)),
+        kv_capacity_tokens=draw(st.integers(800, 1500)), overlap=draw(st.sampled_from(["max", "sum"])),
+    )
+    return make_batch(prompts, outputs), outputs, np.asarray(draw(st.permutations(range(n)))), config
+
+
+@settings(max_examples=100, deadline=None)
+@given(long_decodes())
+def test_capacity_step_bound_is_never_above_the_simulator(case) -> None:
+    batch, outputs, order, config = case
+    result = simulate(batch, outputs, COST, Recorder(order), config)
+    optimum = t_opt(COST, batch.prompt_lens, outputs, int(batch.prompt_lens.sum()), config.overlap,
+                    kv_capacity_tokens=config.kv_capacity_tokens)
+    assert result.steps >= optimum.min_steps
+    assert result.mem_time >= optimum.mem * (1 - 1e-12) and result.total_time >= optimum.time * (1 - 1e-12)
+
+
+def test_capacity_bound_tightens_t_opt_when_long_decodes_cannot_share_steps() -> None:
+    outputs = np.full(20, 1000)
+    loose = t_opt(COST, np.full(20, 10), outputs, 200)
+    tight = t_opt(COST, np.full(20, 10), outputs, 200, kv_capacity_tokens=2000)
+    assert loose.min_steps == 1000
+    assert tight.min_steps == np.ceil(20 * 1000 * 999 / 2 / 2000)  # 4995 steps: 2 sequences' outputs at a time
+    assert tight.mem > loose.mem
+
+
+def test_resource_aware_budget_balances_a_full_step() -> None:
+    capacity = kv_capacity_tokens(COST, SimConfig())
+    budget = balanced_token_budget(COST, capacity)
+    full_step_memory = COST.weight_read_time + float(COST.kv_read_time(capacity))
+    assert float(COST.comp_time(budget)) == pytest.approx(full_step_memory, rel=2e-3)
+    batch = make_batch([np.arange(5000)], [2])
+    result = simulate(batch, np.array([2]), COST, StaticOrder([0]), SimConfig())
+    assert result.token_budget == budget
+    assert result.steps == int(np.ceil(5000 / budget)) + 1  # chunks of the budget, then one decode

@@ -99,3 +99,16 @@ def combine(t_comp: ArrayLike, t_mem: ArrayLike, overlap: str = "max") -> ArrayL
 
 
 OVERLAPS: dict[str, Callable[[ArrayLike, ArrayLike], ArrayLike]] = {"max": np.maximum, "sum": np.add}
+
+
+def balanced_token_budget(cost_model: CostModel, kv_capacity_tokens: float) -> int:
+    """Tokens per step whose compute equals the step's memory floor with a full KV cache.
+
+    A step streams the weights once and reads the KV of every running
+    sequence; with the cache full that is ``weight_read + K * kv_read``.
+    Putting as many tokens through the model as that time computes makes a
+    full step balanced (compute = memory), the point where a NanoFlow-style
+    engine overlaps both. Never below 1 token.
+    """
+    memory = cost_model.weight_read_time + float(cost_model.kv_read_time(max(kv_capacity_tokens, 0.0)))
+    return max(int(round(memory / float(cost_model.comp_time(1)))), 1)

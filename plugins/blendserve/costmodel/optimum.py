@@ -10,8 +10,15 @@
   yields output token ``j`` attends over all ``p + j - 1`` tokens before it, so a
   request reads at least ``p * d + d * (d - 1) / 2`` tokens of KV (cache hits
   save compute, not reads); and every engine step streams the weights once,
-  with at least ``max(d)`` steps, since a request's output tokens come from
-  distinct steps.
+  with at least ``S_min`` steps (below).
+
+``S_min``, the fewest steps any order can take, is the larger of ``max(d)`` (a
+request's output tokens come from distinct steps: the critical path) and,
+when the engine's KV capacity ``K`` is given, ``sum d (d - 1) / 2 / K``: the
+step yielding output ``j`` reads the ``j - 1`` earlier outputs' KV, which is
+never shared (only prompts are cached), so at most ``K`` such tokens are read
+in one step. This is what makes long decodes cost weight reads: 150 video
+requests of 15k tokens cannot all decode in the same steps.
 
 Why it bounds the simulator: each step costs ``f(c_s, m_s)``, and both
 ``sum_s max(c_s, m_s) >= max(sum c, sum m)`` and ``sum_s (c_s + m_s) = sum c + sum m``;
@@ -37,6 +44,7 @@ class Optimum:
     mem: float  # M*: seconds of unavoidable memory traffic (KV reads + one weight read per step)
     time: float  # T_opt = f(C*, M*)
     overlap: str  # f: "max" or "sum"
+    min_steps: float = 0.0  # S_min: steps every order takes at least (each reads the weights once)
 
 
 def unique_prompt_tokens(batch: RequestBatch) -> int:
@@ -58,17 +66,37 @@ def t_opt(
     output_tokens: np.ndarray,
     unique_prompt: int,
     overlap: str = "max",
+    kv_capacity_tokens: float | None = None,
 ) -> Optimum:
-    """``T_opt`` of requests with these lengths whose prompts hold ``unique_prompt`` distinct tokens."""
+    """``T_opt`` of requests with these lengths whose prompts hold ``unique_prompt`` distinct tokens.
+
+    ``kv_capacity_tokens`` (the engine's ``K``) tightens the step count; without it the bound
+    holds for any capacity.
+    """
     p = np.asarray(prompt_lens, dtype=np.float64)
     d = np.maximum(np.asarray(output_tokens, dtype=np.float64), 1.0)
     comp = float(cost_model.comp_time(unique_prompt + np.sum(d - 1.0)))
     kv_reads = float(np.sum(p * d + d * (d - 1.0) / 2.0))
-    min_steps = float(d.max(initial=0.0))
-    mem = float(cost_model.kv_read_time(kv_reads)) + min_steps * cost_model.weight_read_time
-    return Optimum(comp, mem, float(combine(comp, mem, overlap)), overlap)
+    steps = min_steps(d, kv_capacity_tokens)
+    mem = float(cost_model.kv_read_time(kv_reads)) + steps * cost_model.weight_read_time
+    return Optimum(comp, mem, float(combine(comp, mem, overlap)), overlap, steps)
 
 
-def batch_t_opt(cost_model: CostModel, batch: RequestBatch, output_tokens: np.ndarray, overlap: str = "max") -> Optimum:
-    """``T_opt`` of a request batch with the given true output lengths."""
-    return t_opt(cost_model, batch.prompt_lens, output_tokens, unique_prompt_tokens(batch), overlap)
+def min_steps(output_tokens: np.ndarray, kv_capacity_tokens: float | None = None) -> float:
+    """S_min: engine steps no order can avoid (critical path, and output KV read per step within K)."""
+    d = np.asarray(output_tokens, dtype=np.float64)
+    steps = float(d.max(initial=0.0))
+    if kv_capacity_tokens is not None and kv_capacity_tokens > 0:
+        steps = max(steps, float(np.ceil(np.sum(d * (d - 1.0) / 2.0) / float(kv_capacity_tokens))))
+    return steps
+
+
+def batch_t_opt(
+    cost_model: CostModel,
+    batch: RequestBatch,
+    output_tokens: np.ndarray,
+    overlap: str = "max",
+    kv_capacity_tokens: float | None = None,
+) -> Optimum:
+    """``T_opt`` of a request batch with the given true output lengths (and the engine's KV capacity)."""
+    return t_opt(cost_model, batch.prompt_lens, output_tokens, unique_prompt_tokens(batch), overlap, kv_capacity_tokens)

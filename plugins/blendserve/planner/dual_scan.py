@@ -83,11 +83,16 @@ class DualScanController:
         self.share = [m_left, m_right]
         self.splits += 1
 
-    def _fits(self, side: int, charge: float) -> bool:
+    def _fits(self, side: int, position: int) -> bool:
+        """Whether the item at ``position`` fits its side's share (peak charges held until finish)."""
         if self.share[side] <= 0:
             return False
         # An empty side always takes one request, or a request larger than its share would wait forever.
-        return self.used[side] == 0 or self.used[side] + charge <= self.share[side]
+        return self.used[side] == 0 or self.used[side] + self.items.kv_charge[position] <= self.share[side]
+
+    def _load(self, side: int) -> float:
+        """KV the side counts as taken when choosing where there is more room."""
+        return self.used[side]
 
     def next_request(self, state: EngineState) -> int | None:
         if self.left >= self.right:
@@ -96,14 +101,13 @@ class DualScanController:
             self.capacity = float(state.kv_total_tokens)
             self._groups = (-1, -1)
             self._resplit()
-        charge = self.items.kv_charge
-        fits_left = self._fits(LEFT, charge[self.left])
-        fits_right = self._fits(RIGHT, charge[self.right - 1])
+        fits_left = self._fits(LEFT, self.left)
+        fits_right = self._fits(RIGHT, self.right - 1)
         if not (fits_left or fits_right):
             return None
         if fits_left and fits_right:
-            room_left = 1.0 - self.used[LEFT] / self.share[LEFT]
-            room_right = 1.0 - self.used[RIGHT] / self.share[RIGHT]
+            room_left = 1.0 - self._load(LEFT) / self.share[LEFT]
+            room_right = 1.0 - self._load(RIGHT) / self.share[RIGHT]
             side = LEFT if room_left >= room_right else RIGHT
         else:
             side = LEFT if fits_left else RIGHT

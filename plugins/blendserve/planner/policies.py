@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from blendserve.admission import AdmissionController, StaticOrder
-from blendserve.planner.dual_scan import DualScanController
+from blendserve.planner.dual_scan_projected import ProjectedDualScan
 from blendserve.planner.groups import leaf_groups
 from blendserve.planner.plan import ordered_leaves, requests_along, scan_items
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
@@ -45,7 +45,7 @@ def _blendserve(context: PolicyContext, with_split: bool) -> AdmissionController
     leaf_order, _ = ordered_leaves(tree, context.cost_model, with_split=with_split)
     groups = leaf_groups(tree, leaf_order, context.cost_model)
     items = scan_items(context.batch, tree, leaf_order, groups, with_duplicates=True)
-    return DualScanController(items, context.kv_capacity_tokens)
+    return ProjectedDualScan(items, context.kv_capacity_tokens)
 
 
 @register("blendserve-nosplit")

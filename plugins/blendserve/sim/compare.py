@@ -29,11 +29,36 @@ def planner_estimates(batch: RequestBatch) -> np.ndarray:
         return np.maximum(np.where(known, batch.expected_output_tokens, batch.max_tokens), 1).astype(np.int64)
 
 
-def compare_policies(batch: RequestBatch, cost: CostModel, config: SimConfig, policies: list[str], seed: int = 0) -> dict:
-    """Simulate each policy (and dfs, for the sharing reference, when registered)."""
+def warmup_estimates(batch: RequestBatch, cost: CostModel, outputs: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Estimates as the pipeline makes them: the warm-up sampler's 1% (its defaults) observed, the rest inferred.
+
+    The sampled requests' observed lengths are their true ones (what the warm-up
+    run would return); every other estimate comes from its subtree's samples.
+    Falls back to the planner's defaults when the sampler is not installed.
+    """
+    try:
+        sampling = importlib.import_module("blendserve.sampling")
+        planner = importlib.import_module("blendserve.planner.prefix_tree")
+    except ImportError:
+        return planner_estimates(batch)
+    tree = planner.build_prefix_tree(batch, cost)
+    sampled = sampling.select_samples(batch, tree, seed=seed)
+    return sampling.estimate_outputs(batch, tree, sampled, outputs[sampled]).mean
+
+
+def compare_policies(
+    batch: RequestBatch, cost: CostModel, config: SimConfig, policies: list[str], seed: int = 0,
+    estimates: np.ndarray | None = None,
+) -> dict:
+    """Simulate each policy (and dfs, for the sharing reference, when registered).
+
+    ``estimates`` are the output lengths the policies plan with (never the true
+    ones); None takes the planner's defaults (known length, else max_tokens).
+    """
     outputs = true_outputs(batch)
-    context = PolicyContext(batch, planner_estimates(batch), cost, kv_capacity_tokens(cost, config), seed)
-    optimum = batch_t_opt(cost, batch, outputs, config.overlap)
+    estimates = planner_estimates(batch) if estimates is None else np.asarray(estimates, dtype=np.int64)
+    context = PolicyContext(batch, estimates, cost, kv_capacity_tokens(cost, config), seed)
+    optimum = batch_t_opt(cost, batch, outputs, config.overlap, context.kv_capacity_tokens)
     results: dict[str, tuple[SimResult, float]] = {}
     for name in policies + (["dfs"] if "dfs" in POLICIES and "dfs" not in policies else []):
         started = time.monotonic()
@@ -45,6 +70,7 @@ def compare_policies(batch: RequestBatch, cost: CostModel, config: SimConfig, po
         "requests": len(batch), "input_tokens": int(batch.prompt_lens.sum()), "output_tokens": int(outputs.sum()),
         "model": cost.model.name, "hardware": f"{cost.hardware.name} x{cost.hardware.tp}",
         "kv_capacity_tokens": context.kv_capacity_tokens, "overlap": config.overlap,
+        "token_budget": results[policies[0]][0].token_budget if policies else None, "min_steps": optimum.min_steps,
         "t_opt_s": optimum.time, "c_star_s": optimum.comp, "m_star_s": optimum.mem, "policies": rows,
     }
 

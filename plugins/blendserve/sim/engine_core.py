@@ -16,6 +16,7 @@ import numpy as np
 from blendserve.admission import AdmissionController, EngineState
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
+from blendserve.sim.budget import token_budget
 from blendserve.sim.radix_cache import RadixCache, RadixNode
 from blendserve.sim.timeline import Timeline, sum_linear_steps
 
@@ -39,6 +40,7 @@ class EngineCore:
                  controller: AdmissionController, config, capacity: int) -> None:
         self.batch, self.outputs, self.controller, self.config = batch, outputs, controller, config
         self.capacity = capacity
+        self.token_budget = token_budget(cost_model, config, capacity)  # resolved once: config or resource-aware
         self.prompt_lens = batch.prompt_lens
         self.tree = RadixCache() if config.prefix_cache else None
         self.running: dict[int, Seq] = {}  # by request index, in start order (newest last)
@@ -97,7 +99,7 @@ class EngineCore:
             self._preempt(next(reversed(self.running.values())))
         n_dec = self.n_dec
         self.private += n_dec  # this step's decode slots
-        budget = self.config.token_budget - n_dec
+        budget = self.token_budget - n_dec
         chunks: list[tuple[Seq, int]] = []
         budget = self._schedule_prefills(budget, chunks)
         self._start_waiting(budget, chunks)

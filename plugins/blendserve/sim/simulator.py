@@ -33,7 +33,9 @@ GIB = float(1 << 30)
 
 @dataclass(frozen=True)
 class SimConfig:
-    token_budget: int = 8192  # tokens per step (decodes + prefill chunks): vLLM's max_num_batched_tokens
+    # tokens per step (decodes + prefill chunks), vLLM's max_num_batched_tokens; None: resource-aware,
+    # the budget whose compute matches one step's weight read plus a full KV read (balanced_token_budget)
+    token_budget: int | None = None
     max_running: int = 256  # sequences holding KV at once: vLLM's max_num_seqs
     gpu_memory_utilization: float = 0.9  # share of device memory the engine may use
     reserve_bytes: float = 2 * GIB  # per device: activations, CUDA graphs, allocator slack
@@ -56,6 +58,7 @@ class SimResult:
     preemptions: int  # sequences evicted from KV and recomputed later
     steps: int  # engine steps
     kv_capacity_tokens: int  # KV capacity the run had
+    token_budget: int  # tokens per step the run had (resolved when the config left it to the cost model)
     comp_time: float  # sum of the steps' compute-bound seconds
     mem_time: float  # sum of the steps' memory-bound seconds (weights + KV)
     timeline: Timeline  # per-step (or per run of decode steps) compute and memory use
@@ -106,6 +109,7 @@ def simulate(
         preemptions=core.preemptions,
         steps=core.step,
         kv_capacity_tokens=capacity,
+        token_budget=core.token_budget,
         comp_time=core.comp_total,
         mem_time=core.mem_total,
         timeline=core.timeline,
