@@ -35,3 +35,13 @@ test: setup
 
 clean:
 	rm -rf out .pytest_cache
+
+.PHONY: airflow airflow-start airflow-stop
+airflow: setup  ## Airflow UI in the foreground (Ctrl-C stops everything)
+	bin/airflow-local run
+
+airflow-start: setup  ## Airflow in the background
+	bin/airflow-local start
+
+airflow-stop:
+	bin/airflow-local stop

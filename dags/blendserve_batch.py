@@ -22,7 +22,8 @@ in DuckDB (`outputs` table, keyed by `run_id` and your `custom_id`).
 
 `ingest` (files -> normalized Parquet, bad rows -> `rejects` with a reason)
 -> `validate_input` (great-expectations on the accepted requests)
--> `plan` (order with the chosen policy, cut into shards)
+-> `warmup` (runs a small sample first to learn output lengths; its answers are final)
+-> `plan` (prefix tree, split, dual scan with the chosen policy, cut into shards)
 -> `infer` (one mapped task per shard, queue and pool `gpu`; resumes from its committed part files when retried)
 -> `load_outputs` (the single DuckDB writer; updates the `blendserve_outputs` Asset)
 -> `validate_outputs` (exactly one output per accepted request) -> `summary`.
@@ -37,7 +38,10 @@ OpenAI-style output and error files beside the DuckDB file.
 | `input` | input file or glob: JSONL (also OpenAI batch format), CSV or Parquet |
 | `db` | DuckDB file the outputs land in |
 | `engine` | `vllm` (real model), `transformers`, `simulator` |
-| `policy` | scheduling policy: `fcfs` (file order), `balance`, and the planner's policies |
+| `policy` | `blendserve` (default), or a baseline to A/B: `blendserve-nosplit`, `dfs`, `density`, `fcfs` (file order), `balance` (random) |
+| `hardware` | GPU profile the plan is costed on (`a100-80g`, `h100-sxm`, `h200`, `l40s`) |
+| `sample_rate` | share of requests run first to learn output lengths (0 turns warm-up off) |
+| `keep_sharing` | split budget: the plan keeps at least this share of the DFS order's prefix sharing |
 | `shards` | data-parallel shards: one `infer` task each |
 | `max_tokens` | default `max_tokens` for requests that give none |
 | `max_model_len` | context length; longer prompts are rejected at ingest |
@@ -53,7 +57,14 @@ PARAMS = {
     "input": Param(DEFAULT_INPUT, type="string", minLength=1, description="Input file or glob."),
     "db": Param(DEFAULT_DB, type="string", minLength=1, description="DuckDB file for the outputs."),
     "engine": Param("vllm", enum=["vllm", "transformers", "simulator"], description="Inference engine."),
-    "policy": Param("fcfs", type="string", description="Scheduling policy."),
+    "policy": Param("blendserve", enum=["blendserve", "blendserve-nosplit", "dfs", "density", "fcfs", "balance"],
+                    description="Scheduling policy: blendserve, or a baseline to A/B against."),
+    "hardware": Param("a100-80g", enum=["a100-80g", "h100-sxm", "h200", "l40s"],
+                      description="Hardware profile the plan is costed on."),
+    "sample_rate": Param(0.01, type="number", minimum=0, maximum=1,
+                         description="Warm-up sample run first to learn output lengths (0 = none)."),
+    "keep_sharing": Param(0.99, type="number", minimum=0, maximum=1,
+                          description="Split budget: keep at least this share of DFS prefix sharing."),
     "shards": Param(1, type="integer", minimum=1, maximum=64, description="Data-parallel shards."),
     "max_tokens": Param(256, type="integer", minimum=1, maximum=32768, description="Default max_tokens."),
     "max_model_len": Param(2048, type="integer", minimum=16, maximum=131072, description="Context length."),
@@ -72,7 +83,8 @@ def run_config(params: dict, run_id: str, try_number: int = 1):
     return RunConfig(
         run_id=safe_id, input=resolve_in_roots(params["input"], "input"), db=resolve_in_roots(params["db"], "db"),
         engine=params["engine"],
-        policy=params["policy"], shards=params["shards"], default_max_tokens=params["max_tokens"],
+        policy=params["policy"], hardware=params["hardware"], sample_rate=params["sample_rate"],
+        keep_sharing=params["keep_sharing"], shards=params["shards"], default_max_tokens=params["max_tokens"],
         max_model_len=params["max_model_len"], kv_cache_gb=params["kv_cache_gb"],
         fail_after_rows=params["fail_after_rows"] if try_number == 1 else -1,  # injected faults hit the first try only
     )
@@ -102,7 +114,13 @@ def blendserve_batch():
         return validate_input_step(run_config(params, run_id))
 
     @task
-    def plan(validated: dict, params=None, run_id=None) -> list[int]:
+    def warmup(validated: dict, params=None, run_id=None) -> dict:
+        from blendserve.pipeline import warmup_step
+
+        return warmup_step(run_config(params, run_id))
+
+    @task
+    def plan(warmed: dict, params=None, run_id=None) -> list[int]:
         from blendserve.pipeline import plan_step
 
         return plan_step(run_config(params, run_id))
@@ -140,7 +158,7 @@ def blendserve_batch():
         print(result)  # lands in the task log
         return result
 
-    shards = plan(validate_input(ingest()))
+    shards = plan(warmup(validate_input(ingest())))
     summary(validate_outputs(load_outputs(infer.expand(shard=shards))))
 
 

@@ -74,3 +74,24 @@ CREATE TABLE IF NOT EXISTS validation_results (
     checked_at   TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (run_id, stage, expectation, column_name)
 );
+
+CREATE TABLE IF NOT EXISTS plan (
+    run_id             VARCHAR NOT NULL,
+    request_id         VARCHAR NOT NULL,
+    shard              INTEGER NOT NULL,   -- -1: answered by the warm-up phase
+    position           INTEGER NOT NULL,   -- admission order inside the shard
+    est_output_tokens  INTEGER NOT NULL,   -- the length the plan assumed
+    answered_by        VARCHAR NOT NULL,   -- the request whose inference answers it (itself if unique)
+    PRIMARY KEY (run_id, request_id)
+);
+
+CREATE TABLE IF NOT EXISTS samples (
+    run_id                VARCHAR NOT NULL,
+    request_id            VARCHAR NOT NULL,
+    kind                  VARCHAR NOT NULL,  -- sampled | known | subtree | sibling | ancestor | no_sample
+    source_node           BIGINT NOT NULL,   -- prefix-tree node whose samples gave the estimate
+    est_output_tokens     INTEGER NOT NULL,  -- mean of the source's sampled lengths
+    est_high_tokens       INTEGER NOT NULL,  -- a high quantile, for KV budgeting
+    actual_output_tokens  INTEGER,           -- the warm-up's observed length (sampled requests)
+    PRIMARY KEY (run_id, request_id)
+);

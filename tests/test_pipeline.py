@@ -19,7 +19,7 @@ def outputs(db: str, run_id: str) -> list[tuple]:
 
 
 def test_run_lands_one_output_per_request_and_rerun_adds_nothing(make_config):
-    config = make_config()
+    config = make_config(sample_rate=0.1)  # blendserve with a warm-up sample
     summary = run_pipeline(config)
     rows = outputs(config.db, config.run_id)
     ids = [r[0] for r in rows]
@@ -30,13 +30,19 @@ def test_run_lands_one_output_per_request_and_rerun_adds_nothing(make_config):
     assert all(len(answers[i].strip()) <= 2 for i in ids if i.startswith("mmlu"))  # max_tokens = 1
     assert 0 < summary["prefix_hit_rate"] < 1 and summary["tokens_per_second"] > 0
 
+    with duckdb.connect(config.db, read_only=True) as con:
+        warm = con.execute("SELECT count(*) FROM plan WHERE run_id = ? AND shard = -1", [config.run_id]).fetchone()[0]
+        sampled = con.execute("SELECT count(*) FROM samples WHERE kind = 'sampled'").fetchone()[0]
+        estimated = con.execute("SELECT count(*) FROM samples").fetchone()[0]
+    assert warm == sampled >= 3 and estimated == 28  # every request got an estimate; samples ran first
+
     again = run_pipeline(config)  # same run id: every request is already done
     assert len(outputs(config.db, config.run_id)) == 28
     assert again["requests"] == 28
 
 
 def test_crashed_shard_resumes_without_duplicates(make_config):
-    config = make_config(run_id="crash", shards=2, part_rows=4, fail_after_rows=9)
+    config = make_config(run_id="crash", shards=2, part_rows=4, fail_after_rows=9, policy="fcfs", sample_rate=0)
     ingest_step(config)
     assert plan_step(config) == [0, 1]
     with pytest.raises(InjectedFault):
@@ -54,9 +60,31 @@ def test_crashed_shard_resumes_without_duplicates(make_config):
 
 
 def test_load_refuses_a_run_with_missing_outputs(make_config):
-    config = make_config(run_id="partial", shards=2)
+    config = make_config(run_id="partial", shards=2, policy="fcfs", sample_rate=0)
     ingest_step(config)
     plan_step(config)
     infer_shard(config, 0)
     with pytest.raises(RuntimeError, match="14 accepted requests have no output"):
         load_step(config)
+
+
+def test_identical_requests_run_once_and_every_duplicate_gets_the_answer(make_config, tmp_path):
+    import json
+
+    same = {"prompt": "List three rivers.", "max_tokens": 5, "temperature": 0}
+    lines = [dict(same, custom_id=f"dup-{i}") for i in range(3)]
+    lines.append(dict(same, custom_id="sampled-no-seed", temperature=0.8))  # not deterministic: runs on its own
+    lines.append(dict(same, custom_id="seeded", temperature=0.8, seed=7))
+    path = tmp_path / "dups.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    config = make_config(input=str(path), engine="simulator", run_id="dups", sample_rate=0)
+    run_pipeline(config)
+    with duckdb.connect(config.db, read_only=True) as con:
+        plan = dict(con.execute("SELECT request_id, answered_by FROM plan").fetchall())
+        texts = dict(con.execute("SELECT request_id, text FROM outputs").fetchall())
+    served = json.loads((config.shard_dir(0) / "stats.json").read_text())["served"]
+    assert served == 3  # one for the three duplicates, one each for the two sampled requests
+    assert len({plan[f"dup-{i}"] for i in range(3)}) == 1
+    assert plan["sampled-no-seed"] == "sampled-no-seed" and plan["seeded"] == "seeded"
+    assert sorted(texts) == sorted(line["custom_id"] for line in lines)
+    assert len({texts[f"dup-{i}"] for i in range(3)}) == 1

@@ -24,7 +24,10 @@ class RunConfig:
     engine: str = "vllm"  # one of ENGINES
     work_dir: str = ""  # run folder for Parquet and part files; default: <db folder>/runs/<run_id>
     model: str = ""  # model folder; default: the prepared SmolLM2-135M-Instruct
-    policy: str = "fcfs"  # scheduling policy name in blendserve.policies
+    policy: str = "blendserve"  # scheduling policy: blendserve, blendserve-nosplit, dfs, density, fcfs, balance
+    hardware: str = "a100-80g"  # hardware profile the plan is costed on (catalog name)
+    sample_rate: float = 0.01  # warm-up sample of requests run first to learn output lengths (0 = none)
+    keep_sharing: float = 0.99  # split budget: the plan keeps at least this share of DFS prefix sharing
     shards: int = 1  # data-parallel shards (one mapped task each in the DAG)
     default_max_tokens: int = 256  # for requests that give none
     max_model_len: int = 2048  # context length; longer prompts are rejected at ingest

@@ -2,7 +2,7 @@
 runs each as a task. Each step reads what the previous one wrote under the run
 folder, so any step can be re-run alone.
 
-ingest -> validate_input -> plan -> infer_shard (x shards) -> load -> validate_outputs -> summary
+ingest -> validate_input -> warmup -> plan -> infer_shard (x shards) -> load -> validate_outputs -> summary
 """
 
 from __future__ import annotations
@@ -58,40 +58,64 @@ def validate_input_step(config: RunConfig) -> dict:
     return {"checks": len(results)}
 
 
-def plan_step(config: RunConfig) -> list[int]:
-    """Order the requests with the configured policy and cut the order into shards."""
-    from blendserve.admission import StaticOrder
-    from blendserve.batch import RequestBatch
-    from blendserve.costmodel import CostModel, get_hardware, get_model
-    from blendserve.policies import PolicyContext, make_controller
+def warmup_step(config: RunConfig, keep_engine: bool = False) -> dict:
+    """Run the warm-up sample first: its results are final (never run again) and its lengths
+    feed the estimator the plan uses."""
+    from blendserve.planning import WARMUP_SHARD, load_inputs, select_warmup
 
-    batch = RequestBatch.from_parquet(config.requests_path)
-    estimates = np.where(batch.expected_output_tokens >= 0, batch.expected_output_tokens, batch.max_tokens)
-    cost = CostModel(get_model("smollm2-135m"), get_hardware("a100-80g"))
-    controller = make_controller(config.policy, PolicyContext(batch, estimates, cost, kv_capacity_tokens=1 << 20))
-    if not isinstance(controller, StaticOrder):
-        raise NotImplementedError(f"policy {config.policy!r} needs the planner's static order")
-    order = controller.order
-    shard_of = np.repeat(np.arange(config.shards), np.diff(np.linspace(0, len(order), config.shards + 1).astype(int)))
-    plan = pa.table({
-        "request_id": pa.array(batch.request_ids[order].tolist(), pa.string()),
-        "shard": pa.array(shard_of, pa.int32()),
-        "position": pa.array(np.arange(len(order)), pa.int64()),
-    })
-    pq.write_table(plan, config.plan_path)
+    ids = select_warmup(config, load_inputs(config))
+    log.info("warm-up: %d sampled requests (rate %.3g)", len(ids), config.sample_rate)
+    if not ids:
+        return {"sampled": 0}
+    summary = _serve(config, WARMUP_SHARD, ids, config.run_dir / "parts" / "warmup", keep_engine)
+    return {"sampled": len(ids), **summary}
+
+
+def plan_step(config: RunConfig) -> list[int]:
+    """Order the requests with the configured policy, cut the order into shards, write plan.parquet."""
+    from blendserve.planning import estimate_rows, load_inputs, plan_rows
+
+    inputs = load_inputs(config)
+    observed = _observed_lengths(config.run_dir / "parts" / "warmup")
+    rows = plan_rows(config, inputs, observed)
+    pq.write_table(rows, config.plan_path)
+    estimates = estimate_rows(inputs, observed)
+    with store.connect(config.db) as con:
+        store.put_plan(con, config.run_id, config.plan_path)
+        if estimates is not None:
+            store.put_samples(con, config.run_id, estimates)
+    shards = sorted(set(rows.column("shard").to_pylist()) - {-1})
+    log.info("plan: %d requests, policy %s, shards %s", rows.num_rows, config.policy, shards)
     return list(range(config.shards))
+
+
+def _observed_lengths(warmup_dir) -> dict[str, int]:
+    files = parts.part_files(warmup_dir)
+    if not files:
+        return {}
+    # every warm-up result counts (an error as 0 tokens): a sampled request is never run again
+    table = pq.read_table(files, columns=["request_id", "num_output_tokens"])
+    return dict(zip(table.column("request_id").to_pylist(), table.column("num_output_tokens").to_pylist()))
 
 
 def infer_shard(config: RunConfig, shard: int, keep_engine: bool = False) -> dict:
     """Serve one shard's requests in plan order; resumes after the committed part files.
     The engine stops at the end unless ``keep_engine`` (the next shard in this process reuses it)."""
+    plan = pq.read_table(config.plan_path).filter(pc.equal(pc.field("shard"), shard)).sort_by("position")
+    # duplicates are not run: load_step copies their twin's answer
+    runs = plan.filter(pc.equal(pc.field("request_id"), pc.field("answered_by")))
+    return _serve(config, shard, runs.column("request_id").to_pylist(), config.shard_dir(shard), keep_engine)
+
+
+def _serve(config: RunConfig, shard: int, request_ids: list[str], shard_dir, keep_engine: bool) -> dict:
+    """Run ``request_ids`` in order on the engine, committing results to ``shard_dir`` part files."""
     from blendserve.admission import StaticOrder
     from blendserve.engines import engine_session
 
-    shard_dir = config.shard_dir(shard)
-    requests = _shard_requests(config, shard, skip=parts.committed_ids(shard_dir))
+    done = parts.committed_ids(shard_dir)
+    requests = _engine_requests(config, [i for i in request_ids if i not in done])
     writer = parts.PartWriter(shard_dir, config.run_id, shard, config.engine, config.part_rows)
-    log.info("shard %d: %d requests to serve", shard, len(requests))
+    log.info("shard %d: %d requests to serve (%d already committed)", shard, len(requests), len(done))
     if not requests:
         return {"shard": shard, "served": 0}
 
@@ -110,32 +134,28 @@ def infer_shard(config: RunConfig, shard: int, keep_engine: bool = False) -> dic
     return summary
 
 
-def _shard_requests(config: RunConfig, shard: int, skip: set[str]) -> list[EngineRequest]:
-    plan = pq.read_table(config.plan_path).filter(pc.equal(pc.field("shard"), shard)).sort_by("position")
-    requests = pq.read_table(config.requests_path)
-    by_id = {r["request_id"]: r for r in requests.to_pylist()}
-    out = []
-    for request_id in plan.column("request_id").to_pylist():
-        if request_id in skip:
-            continue
-        row = by_id[request_id]
-        out.append(EngineRequest(
-            request_id=request_id,
-            prompt_token_ids=row["prompt_token_ids"],
-            max_tokens=row["max_tokens"],
-            temperature=row["temperature"],
-            top_p=row["top_p"],
-            seed=row["seed"],
-            stop=None if row["stop_json"] is None else json.loads(row["stop_json"]),
-        ))
-    return out
+def _engine_requests(config: RunConfig, request_ids: list[str]) -> list[EngineRequest]:
+    wanted = set(request_ids)
+    rows = {r["request_id"]: r for r in pq.read_table(config.requests_path).to_pylist() if r["request_id"] in wanted}
+    return [EngineRequest(
+        request_id=i,
+        prompt_token_ids=rows[i]["prompt_token_ids"],
+        max_tokens=rows[i]["max_tokens"],
+        temperature=rows[i]["temperature"],
+        top_p=rows[i]["top_p"],
+        seed=rows[i]["seed"],
+        stop=None if rows[i]["stop_json"] is None else json.loads(rows[i]["stop_json"]),
+        expected_output_tokens=rows[i]["expected_output_tokens"],
+        sim_output_tokens=rows[i]["sim_output_tokens"],
+    ) for i in request_ids]
 
 
 def load_step(config: RunConfig) -> dict:
     """The single DuckDB writer: load every shard's part files, check one output per request."""
-    files = sorted(config.run_dir.glob(f"parts/shard-*/{parts.PART_GLOB}"))
+    files = sorted(config.run_dir.glob(f"parts/*/{parts.PART_GLOB}"))  # shards and the warm-up
     with store.connect(config.db) as con:
         inserted = store.load_outputs(con, config.run_id, files)
+        inserted += store.fan_out_duplicates(con, config.run_id)
         missing = con.execute(
             """SELECT count(*) FROM requests r ANTI JOIN outputs o USING (run_id, request_id)
                WHERE r.run_id = ?""", [config.run_id]).fetchone()[0]
@@ -148,7 +168,12 @@ def load_step(config: RunConfig) -> dict:
 
 def _run_metrics(config: RunConfig) -> dict[str, float]:
     shards = [json.loads(p.read_text()) for p in config.run_dir.glob("parts/shard-*/stats.json")]
-    wall = max((s["wall_seconds"] for s in shards), default=0.0)  # shards run side by side
+    warmup = config.run_dir / "parts" / "warmup" / "stats.json"
+    # shards run side by side, after the warm-up
+    wall = max((s["wall_seconds"] for s in shards), default=0.0)
+    if warmup.exists():
+        shards.append(json.loads(warmup.read_text()))
+        wall += shards[-1]["wall_seconds"]
     prompt = sum(s["prompt_tokens"] for s in shards)
     cached = sum(s["cached_prompt_tokens"] for s in shards)
     output = sum(s["output_tokens"] for s in shards)
@@ -200,6 +225,7 @@ def run_pipeline(config: RunConfig) -> dict:
     ingest_step(config)
     validate_input_step(config)
     try:
+        warmup_step(config, keep_engine=True)
         for shard in plan_step(config):
             infer_shard(config, shard, keep_engine=True)
     finally:

@@ -96,3 +96,37 @@ def put_validation(con: duckdb.DuckDBPyConnection, run_id: str, results: list) -
         "INSERT OR REPLACE INTO validation_results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         [[run_id, r.stage, r.expectation, r.column, r.success, r.observed, r.unexpected, now] for r in results],
     )
+
+
+def put_plan(con: duckdb.DuckDBPyConnection, run_id: str, plan_path: Path) -> None:
+    """The plan as a table (re-planning a run replaces it)."""
+    con.execute("DELETE FROM plan WHERE run_id = ?", [run_id])
+    con.execute(
+        f"""INSERT INTO plan SELECT ?, request_id, shard, position, est_output_tokens, answered_by
+            FROM read_parquet({_sql_list([plan_path])})""",
+        [run_id],
+    )
+
+
+def put_samples(con: duckdb.DuckDBPyConnection, run_id: str, estimates) -> None:
+    """Per request output-length estimates from the warm-up sample (``sampling.estimate_table``)."""
+    con.execute("DELETE FROM samples WHERE run_id = ?", [run_id])
+    con.register("estimates_arrow", estimates)
+    columns = ", ".join(estimates.column_names)
+    con.execute(f"INSERT INTO samples (run_id, {columns}) SELECT ?, {columns} FROM estimates_arrow", [run_id])
+    con.unregister("estimates_arrow")
+
+
+def fan_out_duplicates(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    """Identical requests ran once: give every duplicate a copy of its twin's output row."""
+    before = count_outputs(con, run_id)
+    con.execute(
+        """INSERT OR IGNORE INTO outputs
+           SELECT o.run_id, p.request_id, o.shard, o.status, o.text, o.output_token_ids, o.finish_reason,
+                  o.num_prompt_tokens, o.num_output_tokens, o.num_cached_tokens, o.error, o.engine,
+                  o.started_at, o.finished_at
+           FROM plan p JOIN outputs o ON o.run_id = p.run_id AND o.request_id = p.answered_by
+           WHERE p.run_id = ? AND p.request_id <> p.answered_by""",
+        [run_id],
+    )
+    return count_outputs(con, run_id) - before

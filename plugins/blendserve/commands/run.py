@@ -14,7 +14,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", default="vllm", choices=["vllm", "transformers", "simulator"])
     p.add_argument("--db", required=True, help="DuckDB file the outputs land in")
     p.add_argument("--run-id", default=None, help="re-use an id to resume a run (default: a new timestamped id)")
-    p.add_argument("--policy", default="fcfs", help="scheduling policy (see blendserve.policies)")
+    p.add_argument("--policy", default="blendserve",
+                   choices=["blendserve", "blendserve-nosplit", "dfs", "density", "fcfs", "balance"],
+                   help="scheduling policy; the baselines are there to A/B against")
+    p.add_argument("--sample-rate", type=float, default=0.01, help="warm-up sample run first (0 = none)")
+    p.add_argument("--hardware", default="a100-80g", help="hardware profile the plan is costed on")
     p.add_argument("--shards", type=int, default=1, help="data-parallel shards, run one after another here")
     p.add_argument("--max-tokens", type=int, default=256, help="default max_tokens for requests that give none")
     p.add_argument("--max-model-len", type=int, default=2048, help="context length; longer prompts are rejected")
@@ -30,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     config = RunConfig(
         run_id=args.run_id or datetime.now().strftime("run-%Y%m%d-%H%M%S"),
         input=args.input, db=args.db, engine=args.engine, policy=args.policy, shards=args.shards,
+        sample_rate=args.sample_rate, hardware=args.hardware,
         default_max_tokens=args.max_tokens, max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,
     )
     started = time.monotonic()
