@@ -13,7 +13,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware", default="a100-80g")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     p.add_argument("--policy", default="fcfs,dfs,balance", help="comma-separated policy names")
-    p.add_argument("--token-budget", type=int, default=8192, help="tokens per engine step")
+    p.add_argument("--token-budget", type=int, default=None, help="tokens per engine step (default: resource-aware)")
     p.add_argument("--max-running", type=int, default=256, help="sequences running at once")
     p.add_argument("--overlap", choices=["max", "sum"], default="max", help="step time f(compute, memory)")
     p.add_argument("--seed", type=int, default=0, help="seed of random policies (balance)")
