@@ -95,3 +95,21 @@ CREATE TABLE IF NOT EXISTS samples (
     actual_output_tokens  INTEGER,           -- the warm-up's observed length (sampled requests)
     PRIMARY KEY (run_id, request_id)
 );
+
+-- Engine statistics per interval (keys documented in blendserve.engines.common.TIMELINE_KEYS).
+CREATE TABLE IF NOT EXISTS engine_timeline (
+    run_id           VARCHAR NOT NULL,
+    shard            INTEGER NOT NULL,   -- -1: the warm-up phase
+    t                DOUBLE,             -- seconds since the shard's run started (simulated for the simulator)
+    steps            DOUBLE,
+    running          DOUBLE,
+    waiting          DOUBLE,
+    kv_used_tokens   DOUBLE,
+    kv_total_tokens  DOUBLE,
+    prefill_tokens   DOUBLE,
+    decode_tokens    DOUBLE,
+    prefix_queries   DOUBLE,
+    prefix_hits      DOUBLE,
+    admitted         DOUBLE,
+    finished         DOUBLE
+);

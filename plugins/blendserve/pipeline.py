@@ -131,7 +131,17 @@ def _serve(config: RunConfig, shard: int, request_ids: list[str], shard_dir, kee
                "prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
                "output_tokens": stats.output_tokens}
     (shard_dir / "stats.json").write_text(json.dumps(summary))
+    _write_timeline(stats.timeline, shard, shard_dir / "timeline.parquet")
     return summary
+
+
+def _write_timeline(rows: list[dict], shard: int, path) -> None:
+    """The engine's per-interval statistics, for the run report (last attempt of the shard)."""
+    from blendserve.engines.common import TIMELINE_KEYS
+
+    columns = {key: pa.array([row.get(key) for row in rows], pa.float64()) for key in TIMELINE_KEYS}
+    table = pa.table({"shard": pa.array([shard] * len(rows), pa.int32()), **columns})
+    pq.write_table(table, path)
 
 
 def _engine_requests(config: RunConfig, request_ids: list[str]) -> list[EngineRequest]:
@@ -156,6 +166,7 @@ def load_step(config: RunConfig) -> dict:
     with store.connect(config.db) as con:
         inserted = store.load_outputs(con, config.run_id, files)
         inserted += store.fan_out_duplicates(con, config.run_id)
+        store.put_timeline(con, config.run_id, sorted(config.run_dir.glob("parts/*/timeline.parquet")))
         missing = con.execute(
             """SELECT count(*) FROM requests r ANTI JOIN outputs o USING (run_id, request_id)
                WHERE r.run_id = ?""", [config.run_id]).fetchone()[0]

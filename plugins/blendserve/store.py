@@ -130,3 +130,10 @@ def fan_out_duplicates(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
         [run_id],
     )
     return count_outputs(con, run_id) - before
+
+
+def put_timeline(con: duckdb.DuckDBPyConnection, run_id: str, files: list[Path]) -> None:
+    """Engine statistics per interval and shard (re-loading a run replaces them)."""
+    con.execute("DELETE FROM engine_timeline WHERE run_id = ?", [run_id])
+    if files:
+        con.execute(f"INSERT INTO engine_timeline SELECT ?, * FROM read_parquet({_sql_list(files)})", [run_id])
