@@ -17,6 +17,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-split", action="store_true", help="skip conditional node splitting")
     p.add_argument("--no-simulate", action="store_true", help="write the plan without comparing policies")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--explain", action="store_true",
+                   help="print each policy's predicted time, GPU-hours and throughput, the expected prefix"
+                        " sharing, the root density and the shard balance")
+    p.add_argument("--db", default=None, help="with --explain and --run-id: store the prediction in this DuckDB")
+    p.add_argument("--run-id", default=None, help="run the stored prediction belongs to (metrics predicted_*)")
+    p.add_argument("--policy", default="blendserve", help="with --explain: the policy the prediction is stored for")
     p.set_defaults(func=run)
 
 
@@ -24,22 +30,42 @@ def run(args: argparse.Namespace) -> int:
     from blendserve.batch import RequestBatch
     from blendserve.costmodel import CostModel, get_hardware, get_model
     from blendserve.planner import build_plan, default_output_estimates, write_plan
+    from blendserve.progress import phase
     from blendserve.sim import SimConfig, kv_capacity_tokens
 
-    batch = RequestBatch.from_parquet(args.input)
+    with phase(f"plan: reading {args.input}"):
+        batch = RequestBatch.from_parquet(args.input)
     cost_model = CostModel(get_model(args.model), get_hardware(args.hardware, tp=args.tp))
     capacity = kv_capacity_tokens(cost_model, SimConfig())
     estimates = default_output_estimates(batch)
-    plan = build_plan(
-        batch, cost_model, capacity, estimates, shards=args.shards,
-        keep_sharing=args.keep_sharing, with_split=not args.no_split,
-    )
+    with phase(f"plan: tree, split, dual scan and {args.shards} shard(s) over {len(batch):,} requests"):
+        plan = build_plan(
+            batch, cost_model, capacity, estimates, shards=args.shards,
+            keep_sharing=args.keep_sharing, with_split=not args.no_split,
+        )
     path = write_plan(plan, batch, cost_model, args.out)
     print(_summary(plan, path))
-    if not args.no_simulate:
+    if args.explain:
+        print(_explain(args, batch, plan, cost_model, estimates))
+    elif not args.no_simulate:
         # The simulator runs the file's true lengths (sim_output_tokens, else known, else max_tokens).
         print(_policy_table(batch, cost_model, SimConfig(), args.seed))
     return 0
+
+
+def _explain(args: argparse.Namespace, batch, plan, cost_model, estimates) -> str:  # type: ignore[no-untyped-def]
+    from blendserve.progress import phase
+    from blendserve.report.explain import explain, format_explanation, prediction_metrics
+    from blendserve.sim import SimConfig
+
+    with phase("plan: simulating every policy"):
+        explanation = explain(batch, plan, cost_model, SimConfig(), estimates=estimates, seed=args.seed)
+    if args.db and args.run_id:
+        from blendserve import store
+
+        with store.connect(args.db) as con:
+            store.put_metrics(con, args.run_id, prediction_metrics(explanation, args.policy))
+    return format_explanation(explanation, args.policy)
 
 
 def _summary(plan, path) -> str:  # type: ignore[no-untyped-def]

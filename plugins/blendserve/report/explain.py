@@ -1,0 +1,178 @@
+"""What a plan is expected to cost, before anything runs: ``blendserve plan --explain`` and the plan task's log.
+
+Every policy is simulated on the chosen hardware (``sim.compare``) with the
+lengths the simulator treats as true; the plan itself gives the root density,
+the prefix sharing kept against the depth-first order, and the shard balance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from blendserve.batch import RequestBatch
+    from blendserve.config import RunConfig
+    from blendserve.costmodel import CostModel
+    from blendserve.planner.plan import Plan
+    from blendserve.sim import SimConfig
+
+
+@dataclass
+class PolicyPrediction:
+    policy: str  # policy name (blendserve, dfs, fcfs, ...)
+    seconds: float  # simulated time of the whole batch on one engine
+    tokens_per_second: float  # (input + output tokens) / seconds
+    fraction_of_optimum: float  # T_opt / seconds
+    prefix_hit_ratio: float  # prompt tokens served from the prefix cache / prompt tokens
+
+
+@dataclass
+class Explanation:
+    requests: int  # accepted requests in the batch
+    input_tokens: int  # prompt tokens
+    output_tokens: int  # output tokens the simulator generates
+    model: str  # cost-model model name
+    hardware: str  # accelerator and tensor-parallel degree, e.g. "A100-80G x1"
+    gpus_per_engine: int  # tensor-parallel degree: GPUs one engine holds
+    shards: int  # data-parallel engines
+    t_opt_s: float  # theoretical optimum (lower bound) for one engine
+    root_density: float  # rho of the prefix-tree root: > 1 compute-heavy job, < 1 memory-heavy
+    sharing_kept: float  # prefix sharing of the plan's order / that of the depth-first order
+    shared_prompt_share: float  # prompt tokens the plan's order reuses from the previous group / all prompt tokens
+    shard_seconds: list[float]  # the plan's estimated time per shard
+    shard_imbalance: float  # largest shard / mean shard
+    policies: list[PolicyPrediction] = field(default_factory=list)  # one row per simulated policy
+
+
+def explain(batch: "RequestBatch", plan: "Plan", cost: "CostModel", sim: "SimConfig",
+            policies: list[str] | None = None, estimates=None, seed: int = 0) -> Explanation:  # noqa: ANN001
+    """Simulate ``policies`` (default: every registered one) and gather the plan's own figures."""
+    import blendserve.planner  # noqa: F401  (registers the planner's policies)
+    from blendserve.policies import POLICIES
+    from blendserve.sim.compare import compare_policies
+
+    report = compare_policies(batch, cost, sim, sorted(POLICIES) if policies is None else policies, seed,
+                              estimates=estimates)
+    rows = [PolicyPrediction(r["policy"], r["time_s"], r["throughput"], r["fraction_of_optimum"],
+                             r["prefix_hit_ratio"]) for r in report["policies"]]
+    sharing = plan.sharing_tokens / plan.dfs_sharing_tokens if plan.dfs_sharing_tokens else 1.0
+    return Explanation(
+        requests=report["requests"], input_tokens=report["input_tokens"], output_tokens=report["output_tokens"],
+        model=report["model"], hardware=report["hardware"], gpus_per_engine=cost.hardware.tp,
+        shards=len(plan.shards.time), t_opt_s=report["t_opt_s"], root_density=float(plan.target_density),
+        sharing_kept=float(sharing),
+        shared_prompt_share=plan.sharing_tokens / report["input_tokens"] if report["input_tokens"] else 0.0,
+        shard_seconds=[float(t) for t in plan.shards.time],
+        shard_imbalance=float(plan.shards.imbalance), policies=rows,
+    )
+
+
+def format_explanation(e: Explanation, chosen: str = "blendserve") -> str:
+    """A table a person reads in a terminal or a task log."""
+    kind = "compute-heavy" if e.root_density > 1 else "memory-heavy"
+    gpus = e.gpus_per_engine * e.shards
+    lines = [
+        f"explain: {e.requests:,} requests, {e.input_tokens:,} tokens in, {e.output_tokens:,} out;"
+        f" {e.model} on {e.hardware}, {e.shards} shard(s) = {gpus} GPU(s)",
+        f"  root density     {e.root_density:.3f} ({kind}: compute time / memory time of the whole job)",
+        f"  prefix sharing   {e.shared_prompt_share:.1%} of prompt tokens shared with a neighbour in plan order"
+        f" ({e.sharing_kept:.1%} of what the depth-first order shares)",
+        f"  shard balance    estimated seconds [{', '.join(_num(t) for t in e.shard_seconds)}],"
+        f" largest / mean {e.shard_imbalance:.3f}",
+        f"  optimum          {_num(e.t_opt_s)} s on one engine (T_opt, a lower bound)",
+        f"  {'policy':<20}{'wall s':>10}{'GPU-hours':>11}{'tokens/s':>13}{'of optimum':>12}{'prefix hits':>12}",
+    ]
+    for row in e.policies:
+        wall = _wall_seconds(row.seconds, e)
+        mark = " <- chosen" if row.policy == chosen else ""
+        lines.append(f"  {row.policy:<20}{_num(wall):>10}{_num(gpu_hours(row.seconds, e)):>11}"
+                     f"{row.tokens_per_second:>13,.0f}{row.fraction_of_optimum:>12.1%}{row.prefix_hit_ratio:>12.1%}"
+                     f"{mark}")
+    lines.append("  wall s: one engine's simulated time spread over the shards at the plan's balance;"
+                 " GPU-hours: that time x GPUs per engine (sharding does not change the work)")
+    return "\n".join(lines)
+
+
+def _num(x: float) -> str:
+    """Three significant digits: a CPU-sized job takes milliseconds of GPU time, a real one hours."""
+    return f"{x:,.1f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _wall_seconds(one_engine_s: float, e: Explanation) -> float:
+    """K shards split the work; the slowest one (imbalance x mean) sets the wall time."""
+    return one_engine_s / e.shards * max(e.shard_imbalance, 1.0)
+
+
+def gpu_hours(one_engine_s: float, e: Explanation) -> float:
+    return one_engine_s * e.gpus_per_engine / 3600.0
+
+
+def prediction_metrics(e: Explanation, policy: str) -> dict[str, float]:
+    """The chosen policy's prediction, under the names the run report reads back from ``metrics``."""
+    row = next((r for r in e.policies if r.policy == policy), None)
+    if row is None:
+        return {}
+    metrics = {
+        "predicted_seconds": _wall_seconds(row.seconds, e),
+        "predicted_gpu_hours": gpu_hours(row.seconds, e),
+        "predicted_tokens_per_second": row.tokens_per_second,
+        "predicted_prefix_hit_rate": row.prefix_hit_ratio,
+        "predicted_fraction_of_optimum": row.fraction_of_optimum,
+        "predicted_root_density": e.root_density,
+        "predicted_sharing_kept": e.sharing_kept,
+        "predicted_shared_prompt_share": e.shared_prompt_share,
+        "predicted_shard_imbalance": e.shard_imbalance,
+    }
+    # every policy's time too, so the report can show the order of policies without re-simulating
+    metrics.update({f"predicted_seconds_{r.policy}": _wall_seconds(r.seconds, e) for r in e.policies})
+    return metrics
+
+
+def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
+    """The plan task's explanation of a run: its requests, cost model, KV capacity and warm-up estimates.
+
+    Call it after ``plan_step`` (the samples table holds the warm-up's
+    estimates then). Stores the chosen policy's prediction in ``metrics``
+    (``predicted_*``) unless ``store_metrics`` is False.
+    """
+    from blendserve import store
+    from blendserve.planner.plan import build_plan
+    from blendserve.planning import load_inputs
+
+    inputs = load_inputs(config)
+    estimates = _stored_estimates(config, inputs.batch)
+    plan = build_plan(inputs.batch, inputs.cost, inputs.kv_capacity, output_estimates=estimates,
+                      sampling_keys=inputs.keys, shards=config.shards, keep_sharing=config.keep_sharing)
+    explanation = explain(inputs.batch, plan, inputs.cost, _sim_config(config, inputs.kv_capacity),
+                          estimates=estimates)
+    if store_metrics:
+        with store.connect(config.db) as con:
+            store.put_metrics(con, config.run_id, prediction_metrics(explanation, config.policy))
+    return format_explanation(explanation, config.policy)
+
+
+def _sim_config(config: "RunConfig", kv_capacity: int) -> "SimConfig":
+    """The simulator settings of a simulator run; for a real engine, its KV capacity in tokens."""
+    from blendserve.sim import SimConfig
+
+    settings = config.extra.get("simulator", {}) if config.engine == "simulator" else {}
+    known = {k: v for k, v in settings.items() if k in SimConfig.__dataclass_fields__}
+    known.setdefault("kv_capacity_tokens", int(kv_capacity))
+    known.setdefault("max_running", config.max_num_seqs)
+    return SimConfig(**known)
+
+
+def _stored_estimates(config: "RunConfig", batch: "RequestBatch"):  # -> np.ndarray | None
+    """The warm-up's per-request estimates from the samples table, in batch order; None without a sample."""
+    import numpy as np
+
+    from blendserve import store
+
+    with store.connect(config.db, read_only=True) as con:
+        rows = dict(con.execute("SELECT request_id, est_output_tokens FROM samples WHERE run_id = ?",
+                                [config.run_id]).fetchall())
+    ids = batch.request_ids.astype(str)
+    if not rows or not all(i in rows for i in ids):
+        return None
+    return np.array([rows[i] for i in ids], dtype=np.int64)
