@@ -31,7 +31,9 @@ from blendserve.engines.base import EngineRequest, EngineResult, EngineStats, Re
 from blendserve.engines.common import RunBook, planned_order, refusal
 
 log = logging.getLogger(__name__)
-WAITING_AHEAD = 8  # requests queued in vLLM beyond what runs: enough to fill a step, few enough to let the plan decide
+WAITING_AHEAD = 8  # requests always allowed to queue in vLLM (not yet started), whatever their size
+STEPS_AHEAD = 2  # and more while the queued prompts are under this many steps' token budget: the engine core
+# runs ahead of this process, so the queue must hold the next step's work, and little more, or the plan stops deciding
 KV_FULL = 0.98  # KV usage above which new requests would only queue (or preempt): hold admission
 MODES = ("stream", "static")
 
@@ -65,11 +67,15 @@ class InFlight:
 
     def __init__(self) -> None:
         self.requests: dict[str, tuple[int, datetime, list[int], list[str]]] = {}  # id -> (index, added, ids, texts)
+        self.prompt_len: dict[str, int] = {}  # id -> prompt tokens, while the request has no token yet
         self.unstarted = 0  # added but no token yet: queued or still prefilling
+        self.unstarted_tokens = 0  # their prompt tokens
 
-    def add(self, vllm_id: str, index: int) -> None:
+    def add(self, vllm_id: str, index: int, prompt_tokens: int) -> None:
         self.requests[vllm_id] = (index, datetime.now(timezone.utc), [], [])
+        self.prompt_len[vllm_id] = prompt_tokens
         self.unstarted += 1
+        self.unstarted_tokens += prompt_tokens
 
     def update(self, output) -> tuple[int, datetime, list[int], list[str]]:  # type: ignore[no-untyped-def]
         """Fold one DELTA output (only the new tokens) into its request."""
@@ -77,6 +83,7 @@ class InFlight:
         completion = output.outputs[0]
         if not request[2] and (completion.token_ids or output.finished):
             self.unstarted -= 1
+            self.unstarted_tokens -= self.prompt_len.pop(output.request_id)
         request[2].extend(completion.token_ids)
         request[3].append(completion.text)
         return request
@@ -144,6 +151,7 @@ class VllmEngine:
         manager.stat_loggers.append(_stats_recorder(self.latest))
         cache = self.llm.llm_engine.vllm_config.cache_config
         self.kv_total_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+        self.step_tokens = int(self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
         log.info("vLLM engine ready in %.1f s, KV %d tokens", time.monotonic() - started, self.kv_total_tokens)
 
     def reconfigure(self, config: RunConfig) -> None:
@@ -192,14 +200,20 @@ class VllmEngine:
     def _admit(self, requests, book: RunBook, flight: "InFlight") -> None:  # type: ignore[no-untyped-def]
         while book.controller.remaining():
             state = self._state(flight)
-            if state.waiting >= WAITING_AHEAD or (self.latest.kv_usage >= KV_FULL and flight.requests):
-                return
-            if len(flight.requests) >= self.max_num_seqs + WAITING_AHEAD:
+            if not self._room(state, flight):
                 return
             index = book.controller.next_request(state)
             if index is None:
                 return
             self._add(index, requests[index], book, flight)
+
+    def _room(self, state: EngineState, flight: "InFlight") -> bool:
+        """Whether one more request may queue in vLLM now."""
+        if self.latest.kv_usage >= KV_FULL and flight.requests:
+            return False  # a new request would only wait for KV, or preempt a running one
+        if state.waiting < WAITING_AHEAD:
+            return True
+        return flight.unstarted < self.max_num_seqs and flight.unstarted_tokens < STEPS_AHEAD * self.step_tokens
 
     def _add(self, index: int, request: EngineRequest, book: RunBook, flight: "InFlight",
              tell_controller: bool = True) -> None:
@@ -216,7 +230,7 @@ class VllmEngine:
         if reason is not None:
             book.refuse(index, request, reason, tell_controller)
             return
-        flight.add(vllm_id, index)
+        flight.add(vllm_id, index, len(request.prompt_token_ids))
         book.admitted_since_sample += 1
 
     def _step(self, requests, book: RunBook, flight: "InFlight") -> None:  # type: ignore[no-untyped-def]
@@ -239,6 +253,11 @@ class VllmEngine:
                     kv_used_tokens=int(round(s.kv_usage * self.kv_total_tokens)),
                     kv_total_tokens=self.kv_total_tokens, prefill_tokens=s.prefill_tokens,
                     decode_tokens=s.decode_tokens, prefix_queries=s.prefix_queries, prefix_hits=s.prefix_hits)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prefixes, so a benchmark's next run starts as cold as the first."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache (requests still running?)")
 
     def close(self) -> None:
         # Shut the engine-core processes down now: at interpreter exit, multiprocessing
