@@ -12,7 +12,8 @@ them alike, with the prefix cache reset before every run:
 - ``dual-scan stream``: BlendServe's dual scan admits step by step from vLLM's real state;
 - ``dual-scan static``: the order the stream run actually admitted, submitted as one list;
 - ``dfs``: depth-first prefix-tree order, one list;
-- ``fcfs``: arrival order, one list.
+- ``fcfs``: arrival order, one list;
+- ``fcfs stream``: arrival order admitted step by step: the cost of streaming admission itself.
 
 Prints medians and spreads (min-max) of throughput ((input + output) tokens /
 wall seconds, as the paper counts it) and of the prefix-cache hit rate.
@@ -108,7 +109,7 @@ def main() -> None:
     config = RunConfig(run_id="bench-engines", input="-", db="-", kv_cache_gb=args.kv_gb,
                        max_num_seqs=args.max_num_seqs, max_model_len=2048)
     arms = [("dual-scan stream", "blendserve", "stream"), ("dual-scan static", "blendserve", "static"),
-            ("dfs", "dfs", "static"), ("fcfs", "fcfs", "static")]
+            ("dfs", "dfs", "static"), ("fcfs", "fcfs", "static"), ("fcfs stream", "fcfs", "stream")]
     runs: dict[str, list[EngineStats]] = {label: [] for label, _, _ in arms}
     try:
         for repeat in range(args.repeats):
@@ -138,7 +139,7 @@ def main() -> None:
               f"{s['hit']:>13.1%}{s['hit_lo']:>10.1%}-{s['hit_hi']:<6.1%}{s['running']:>9.1f}"
               f"{s['max_waiting']:>9d}{s['errors']:>7d}")
     base = statistics.median(x.tokens_per_second for x in runs["dual-scan stream"])
-    for label in ("dual-scan static", "dfs", "fcfs"):
+    for label in ("dual-scan static", "dfs", "fcfs", "fcfs stream"):
         other = statistics.median(x.tokens_per_second for x in runs[label])
         print(f"  dual-scan stream vs {label}: {base / other:.2f}x")
 

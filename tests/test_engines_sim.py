@@ -10,6 +10,7 @@ from blendserve.admission import EngineState, StaticOrder
 from blendserve.batch import RequestBatch
 from blendserve.engines import EngineRequest, engine_session
 from blendserve.engines.common import TIMELINE_KEYS, planned_order, requests_from_batch
+from blendserve.planner.dual_scan import DualScanController
 from blendserve.planner.synthetic import synthetic_batch
 from blendserve.policies import PolicyContext, make_controller
 from blendserve.sim import SimConfig, kv_capacity_tokens
@@ -18,7 +19,11 @@ CAPACITY = 24_000  # KV tokens: small enough that the shares, not the sequence l
 
 
 class SharesChecked:
-    """Wraps a DualScanController; records every admission against the share in force when it was made."""
+    """Wraps a DualScanController; records every admission against the share in force when it was made.
+
+    The base controller charges each request its estimated peak KV (p + d) until it finishes; the share
+    invariant below is that accounting. (The ``blendserve`` policy's projected variant charges less.)
+    """
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -63,7 +68,7 @@ def test_dual_scan_never_exceeds_its_shares_and_bounds_the_simulated_kv(make_con
     config = sim_config(make_config, prefix_cache=False)  # without cached prefixes, KV in use is exactly the running KV
     with engine_session(config) as engine:
         context = PolicyContext(batch, batch.expected_output_tokens.astype(np.int64), engine.cost, CAPACITY)
-        controller = SharesChecked(make_controller("blendserve", context))
+        controller = SharesChecked(DualScanController(make_controller("blendserve", context).items, CAPACITY))
         results = []
         stats = engine.run(requests, controller, results.append)
 
