@@ -9,7 +9,7 @@ from typing import Sequence
 
 # Each names a module in blendserve.commands that defines add_parser(subparsers),
 # which sets ``func`` on its parser. Heavy imports stay inside each func.
-COMMANDS = ("run", "plan", "simulate", "workload")
+COMMANDS = ("run", "plan", "simulate", "workload", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -87,10 +87,10 @@ def format_explanation(e: Explanation, chosen: str = "blendserve") -> str:
         wall = _wall_seconds(row.seconds, e)
         mark = " <- chosen" if row.policy == chosen else ""
         lines.append(f"  {row.policy:<20}{_num(wall):>10}{_num(gpu_hours(row.seconds, e)):>11}"
-                     f"{row.tokens_per_second:>13,.0f}{row.fraction_of_optimum:>12.1%}{row.prefix_hit_ratio:>12.1%}"
+                     f"{_tokens_per_second(row.seconds, e):>13,.0f}{row.fraction_of_optimum:>12.1%}{row.prefix_hit_ratio:>12.1%}"
                      f"{mark}")
     lines.append("  wall s: one engine's simulated time spread over the shards at the plan's balance;"
-                 " GPU-hours: that time x GPUs per engine (sharding does not change the work)")
+                 " tokens/s: all shards together; GPU-hours: one engine's time x its GPUs (sharding splits the work)")
     return "\n".join(lines)
 
 
@@ -102,6 +102,12 @@ def _num(x: float) -> str:
 def _wall_seconds(one_engine_s: float, e: Explanation) -> float:
     """K shards split the work; the slowest one (imbalance x mean) sets the wall time."""
     return one_engine_s / e.shards * max(e.shard_imbalance, 1.0)
+
+
+def _tokens_per_second(one_engine_s: float, e: Explanation) -> float:
+    """Input + output tokens over the wall time of all shards together (what a run's metrics report)."""
+    wall = _wall_seconds(one_engine_s, e)
+    return (e.input_tokens + e.output_tokens) / wall if wall else 0.0
 
 
 def gpu_hours(one_engine_s: float, e: Explanation) -> float:
@@ -116,7 +122,7 @@ def prediction_metrics(e: Explanation, policy: str) -> dict[str, float]:
     metrics = {
         "predicted_seconds": _wall_seconds(row.seconds, e),
         "predicted_gpu_hours": gpu_hours(row.seconds, e),
-        "predicted_tokens_per_second": row.tokens_per_second,
+        "predicted_tokens_per_second": _tokens_per_second(row.seconds, e),
         "predicted_prefix_hit_rate": row.prefix_hit_ratio,
         "predicted_fraction_of_optimum": row.fraction_of_optimum,
         "predicted_root_density": e.root_density,
@@ -125,7 +131,10 @@ def prediction_metrics(e: Explanation, policy: str) -> dict[str, float]:
         "predicted_shard_imbalance": e.shard_imbalance,
     }
     # every policy's time too, so the report can show the order of policies without re-simulating
-    metrics.update({f"predicted_seconds_{r.policy}": _wall_seconds(r.seconds, e) for r in e.policies})
+    for r in e.policies:
+        metrics[f"predicted_seconds_{r.policy}"] = _wall_seconds(r.seconds, e)
+        metrics[f"predicted_tokens_per_second_{r.policy}"] = _tokens_per_second(r.seconds, e)
+        metrics[f"predicted_prefix_hit_rate_{r.policy}"] = r.prefix_hit_ratio
     return metrics
 
 
@@ -144,7 +153,7 @@ def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
     estimates = _stored_estimates(config, inputs.batch)
     plan = build_plan(inputs.batch, inputs.cost, inputs.kv_capacity, output_estimates=estimates,
                       sampling_keys=inputs.keys, shards=config.shards, keep_sharing=config.keep_sharing)
-    explanation = explain(inputs.batch, plan, inputs.cost, _sim_config(config, inputs.kv_capacity),
+    explanation = explain(inputs.batch, plan, inputs.cost, sim_config_for(config, inputs.kv_capacity),
                           estimates=estimates)
     if store_metrics:
         with store.connect(config.db) as con:
@@ -152,7 +161,7 @@ def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
     return format_explanation(explanation, config.policy)
 
 
-def _sim_config(config: "RunConfig", kv_capacity: int) -> "SimConfig":
+def sim_config_for(config: "RunConfig", kv_capacity: int) -> "SimConfig":
     """The simulator settings of a simulator run; for a real engine, its KV capacity in tokens."""
     from blendserve.sim import SimConfig
 

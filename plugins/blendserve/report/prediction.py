@@ -1,0 +1,85 @@
+"""The prediction a run is measured against: stored at plan time, or simulated now from the run's requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from blendserve.report.data import RunData
+
+
+@dataclass
+class Prediction:
+    source: str  # where the numbers come from, in words (for the report)
+    hardware: str  # the hardware profile they are costed on
+    comparable: bool  # True when the run's seconds are on the same clock (the simulator engine)
+    seconds: dict[str, float] = field(default_factory=dict)  # policy -> predicted wall seconds
+    tokens_per_second: dict[str, float] = field(default_factory=dict)  # policy -> predicted tokens/s
+    prefix_hit_rate: dict[str, float] = field(default_factory=dict)  # policy -> predicted prefix-cache hit rate
+
+
+def prediction_for(data: RunData) -> tuple[Prediction | None, str]:
+    """The prediction and, when there is none, why."""
+    stored = _stored(data)
+    if stored.tokens_per_second:
+        return stored, ""
+    try:
+        return _simulated(data), ""
+    except (FileNotFoundError, KeyError, ValueError, ImportError) as exc:
+        return None, f"no prediction was stored at plan time and none could be simulated now ({exc})"
+
+
+def _hardware(data: RunData) -> str:
+    if data.run["engine"] == "simulator":
+        return str(data.config.get("extra", {}).get("simulator", {}).get("hardware", data.config.get("hardware")))
+    return str(data.config.get("hardware"))
+
+
+def _comparable(data: RunData) -> bool:
+    """Only the simulator engine runs on the cost model's clock; a real engine runs on whatever it ran on."""
+    return data.run["engine"] == "simulator"
+
+
+def _stored(data: RunData) -> Prediction:
+    prediction = Prediction("stored at plan time (metrics predicted_*)", _hardware(data), _comparable(data))
+    for name, value in data.metrics.items():
+        for prefix, target in (("predicted_seconds_", prediction.seconds),
+                               ("predicted_tokens_per_second_", prediction.tokens_per_second),
+                               ("predicted_prefix_hit_rate_", prediction.prefix_hit_rate)):
+            if name.startswith(prefix):
+                target[name[len(prefix):]] = value
+    return prediction
+
+
+def _simulated(data: RunData) -> Prediction:
+    """Every policy through the simulator on the run's requests Parquet (token ids are not in DuckDB)."""
+    from blendserve.config import RunConfig
+    from blendserve.report.explain import sim_config_for, explain, prediction_metrics
+    from blendserve.planner.plan import build_plan
+    from blendserve.planning import load_inputs
+
+    config = RunConfig.from_dict(data.config)
+    if not config.work_dir:  # the run folder sits beside the DuckDB file the report reads
+        config.db = str(data.db)
+    if not config.requests_path.exists():
+        raise FileNotFoundError(f"{config.requests_path} is gone")
+    inputs = load_inputs(config)
+    estimates = _estimates(data, inputs.batch)
+    plan = build_plan(inputs.batch, inputs.cost, inputs.kv_capacity, output_estimates=estimates,
+                      sampling_keys=inputs.keys, shards=config.shards, keep_sharing=config.keep_sharing)
+    explanation = explain(inputs.batch, plan, inputs.cost, sim_config_for(config, inputs.kv_capacity), estimates=estimates)
+    data.metrics.update({k: v for k, v in prediction_metrics(explanation, config.policy).items()
+                         if k not in data.metrics})
+    prediction = _stored(data)
+    prediction.source = f"simulated while building this report from {config.requests_path.name}"
+    return prediction
+
+
+def _estimates(data: RunData, batch):  # -> np.ndarray | None
+    """The plan's own estimates (plan table), in batch order, so policies plan with what the run planned with."""
+    import numpy as np
+
+    known = dict(zip(data.lengths["request_id"], data.lengths["estimate"]))
+    ids = batch.request_ids.astype(str)
+    if not all(i in known for i in ids):
+        return None
+    return np.array([known[i] for i in ids], dtype=np.int64)
