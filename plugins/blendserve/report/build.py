@@ -102,7 +102,8 @@ def _throughput(data: RunData, prediction: Prediction | None, why_not: str, out:
               f" on {prediction.hardware} ({prediction.source})."]
     if prediction.comparable and predicted and achieved is not None:
         lines.append(f"Achieved / predicted: **{achieved / predicted:.2f}** (the simulator engine runs on the cost"
-                     " model's clock, so seconds compare directly).")
+                     " model's clock, so seconds compare directly; the achieved time also holds the warm-up"
+                     " phase, which runs before the shards).")
     elif not prediction.comparable:
         lines.append(f"The {data.run['engine']} engine did not run on the {prediction.hardware} profile the"
                      " prediction is costed on, so seconds do not compare; what compares is the order of"

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from blendserve.batch import RequestBatch
     from blendserve.config import RunConfig
     from blendserve.costmodel import CostModel
@@ -46,7 +48,7 @@ class Explanation:
 
 
 def explain(batch: "RequestBatch", plan: "Plan", cost: "CostModel", sim: "SimConfig",
-            policies: list[str] | None = None, estimates=None, seed: int = 0) -> Explanation:  # noqa: ANN001
+            policies: list[str] | None = None, estimates: "np.ndarray | None" = None, seed: int = 0) -> Explanation:
     """Simulate ``policies`` (default: every registered one) and gather the plan's own figures."""
     import blendserve.planner  # noqa: F401  (registers the planner's policies)
     from blendserve.policies import POLICIES
