@@ -1,0 +1,212 @@
+"""Run-folder storage primitives on local disk and on fsspec's in-memory object store."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+from upath import UPath
+
+from blendserve import storage
+
+TABLE = pa.table({"request_id": ["a", "b"], "num_output_tokens": [3, 5]})
+
+
+@pytest.fixture
+def bucket() -> str:
+    """A fresh folder in the process-wide memory filesystem, removed afterwards."""
+    name = f"memory://bucket-{uuid.uuid4().hex}"
+    yield name
+    fs = MemoryFileSystem()
+    if fs.exists(name):
+        fs.rm(name, recursive=True)
+
+
+@pytest.fixture
+def airflow_memory_fs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make Airflow serve memory:// as a provider would serve s3://, so the
+    ObjectStoragePath branch runs for real without cloud credentials."""
+    import airflow.sdk.io.fs as airflow_fs
+
+    monkeypatch.setattr(airflow_fs, "_register_filesystems", lambda: {"memory": lambda conn_id, options: MemoryFileSystem()})
+
+
+# --- resolve -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["out/runs/r1", "/tmp/runs/r1", "file:///tmp/runs/r1"])
+def test_local_paths_stay_plain_pathlib(url: str) -> None:
+    path = storage.resolve(url)
+    assert type(path) is type(Path())
+    assert str(path).endswith("runs/r1")
+    assert not str(path).startswith("file:")
+
+
+def test_file_url_keeps_its_absolute_path() -> None:
+    assert storage.resolve("file:///tmp/runs/r1") == Path("/tmp/runs/r1")
+
+
+def test_url_without_provider_is_an_fsspec_path(bucket: str) -> None:
+    path = storage.resolve(f"{bucket}/runs/r1")
+    assert isinstance(path, UPath)
+    assert path.protocol == "memory"
+
+
+def test_connection_for_a_scheme_no_provider_serves_is_refused(bucket: str) -> None:
+    with pytest.raises(ValueError, match="no Airflow provider serves memory://"):
+        storage.resolve(f"{bucket}/runs/r1", conn_id="aws_default")
+
+
+def test_scheme_served_by_airflow_gives_object_storage_path(bucket: str, airflow_memory_fs: None) -> None:
+    from airflow.sdk import ObjectStoragePath
+
+    path = storage.resolve(f"{bucket}/runs/r1", conn_id="my_store")
+    assert isinstance(path, ObjectStoragePath)
+    assert path.conn_id == "my_store"
+    written = storage.atomic_write_parquet(TABLE, path / "part-00000.parquet")
+    assert storage.read_parquet(storage.list_parts(path)).equals(TABLE)
+    assert isinstance(written, ObjectStoragePath)
+
+
+# --- atomic writes ---------------------------------------------------------------------------
+
+
+def test_local_write_commits_whole_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    final = tmp_path / "shard-00000" / "part-00000.parquet"
+    storage.atomic_write_parquet(TABLE, str(final))
+    assert storage.read_parquet([final]).equals(TABLE)
+    assert sorted(p.name for p in final.parent.iterdir()) == ["part-00000.parquet"]
+
+
+def test_local_write_refuses_to_replace_a_commit(tmp_path: Path) -> None:
+    final = tmp_path / "part-00000.parquet"
+    storage.atomic_write_parquet(TABLE, final)
+    with pytest.raises(FileExistsError):
+        storage.atomic_write_parquet(TABLE.slice(0, 1), final, overwrite=False)
+    assert storage.read_parquet([final]).num_rows == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["part-00000.parquet"]
+
+
+def test_local_overwrite_replaces(tmp_path: Path) -> None:
+    final = tmp_path / "plan.parquet"
+    storage.atomic_write_parquet(TABLE, final)
+    storage.atomic_write_parquet(TABLE.slice(0, 1), final)
+    assert storage.read_parquet([final]).num_rows == 1
+
+
+def test_local_crash_before_rename_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(src: str, dst: str) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk gone"):
+        storage.atomic_write_bytes(b"x" * 100, tmp_path / "part-00000.parquet")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_object_store_write_is_one_put_of_the_whole_object(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int]] = []
+    original = MemoryFileSystem.pipe_file
+
+    def spy(self: MemoryFileSystem, path: str, value: bytes, *args, **kwargs) -> None:
+        calls.append((path, len(value)))
+        return original(self, path, value, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "pipe_file", spy)
+    url = f"{bucket}/runs/r1/parts/shard-00000/part-00000.parquet"
+    storage.atomic_write_parquet(TABLE, url)
+    assert len(calls) == 1 and calls[0][0].endswith("shard-00000/part-00000.parquet")
+    assert MemoryFileSystem().find(bucket) == [calls[0][0]]  # no temporary object left behind
+    assert storage.read_parquet([url]).equals(TABLE)
+
+
+def test_object_store_refuses_to_replace_a_commit(bucket: str) -> None:
+    url = f"{bucket}/part-00000.parquet"
+    storage.atomic_write_parquet(TABLE, url, overwrite=False)
+    with pytest.raises(FileExistsError):
+        storage.atomic_write_parquet(TABLE.slice(0, 1), url, overwrite=False)
+    assert storage.read_parquet([url]).num_rows == 2
+
+
+def test_object_store_write_makes_no_folders(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On S3, making a "folder" under a missing bucket creates the bucket: writes must not try.
+    def refuse(*args, **kwargs) -> None:
+        raise AssertionError("mkdir called on an object store")
+
+    monkeypatch.setattr(MemoryFileSystem, "mkdir", refuse)
+    monkeypatch.setattr(MemoryFileSystem, "makedirs", refuse)
+    path = storage.resolve(f"{bucket}/a/b/part-00000.parquet")
+    storage.ensure_dir(path.parent)
+    storage.atomic_write_parquet(TABLE, path)
+    assert path.exists()
+
+
+# --- listing and reading ---------------------------------------------------------------------
+
+
+def _commit_shards(root: str) -> None:
+    for shard in range(2):
+        for part in range(2):
+            rows = TABLE.slice(part, 1)
+            storage.atomic_write_parquet(rows, f"{root}/parts/shard-{shard:05d}/part-{part:05d}.parquet")
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_list_and_read_parts_across_shards(where: str, tmp_path: Path, bucket: str) -> None:
+    root = str(tmp_path) if where == "local" else bucket
+    _commit_shards(root)
+    storage.atomic_write_bytes(b"half", f"{root}/parts/shard-00000/part-00002.parquet.tmp")
+    one_shard = storage.list_parts(f"{root}/parts/shard-00001")
+    every_shard = storage.list_parts(f"{root}/parts", "*/part-*.parquet")
+    assert [p.name for p in one_shard] == ["part-00000.parquet", "part-00001.parquet"]
+    assert len(every_shard) == 4
+    table = storage.read_parquet(every_shard, columns=["request_id"])
+    assert table.column_names == ["request_id"]
+    assert sorted(table.column("request_id").to_pylist()) == ["a", "a", "b", "b"]
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_missing_folder_has_no_parts(where: str, tmp_path: Path, bucket: str) -> None:
+    root = str(tmp_path / "nothing") if where == "local" else f"{bucket}/nothing"
+    assert storage.list_parts(root) == []
+
+
+def test_reading_no_files_needs_a_schema() -> None:
+    with pytest.raises(ValueError, match="no schema"):
+        storage.read_parquet([])
+    empty = storage.read_parquet([], columns=["request_id"], schema=TABLE.schema)
+    assert empty.num_rows == 0 and empty.column_names == ["request_id"]
+
+
+def test_reading_across_filesystems_is_refused(tmp_path: Path, bucket: str) -> None:
+    local = storage.atomic_write_parquet(TABLE, tmp_path / "part-00000.parquet")
+    remote = storage.atomic_write_parquet(TABLE, f"{bucket}/part-00000.parquet")
+    with pytest.raises(ValueError, match="more than one filesystem"):
+        storage.read_parquet([local, remote])
+
+
+# --- data roots ------------------------------------------------------------------------------
+
+
+def test_roots_split_on_colons_but_keep_urls_whole() -> None:
+    assert storage.parse_roots("/data:s3://bucket/runs::/out:gs://b") == ["/data", "s3://bucket/runs", "/out", "gs://b"]
+
+
+@pytest.mark.parametrize(
+    ("url", "inside"),
+    [
+        ("s3://bucket/runs/r1/plan.parquet", True),
+        ("s3://bucket/runs", True),
+        ("s3://bucket//runs/r1", True),
+        ("s3://bucket/runs2/r1", False),  # a sibling sharing the prefix's characters
+        ("s3://bucket/runs/../secrets", False),
+        ("gs://bucket/runs/r1", False),  # same path, other store
+        ("/data/x.jsonl", False),  # local paths are checked by blendserve.paths
+    ],
+)
+def test_remote_urls_inside_roots(url: str, inside: bool) -> None:
+    assert storage.in_roots(url, ["/data", "s3://bucket/runs/"]) is inside
