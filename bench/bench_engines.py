@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/bench_engines.py [--mmlu 160] [--video 40] [--repeats 3] [--kv-gb 0.25]
 
-A mixed workload from ../shared/data: MMLU 5-shot prompts from a few subjects
+A mixed workload from ../shared/data: MMLU 5-shot prompts from many subjects
 (compute-heavy: ~600-token prompts, 85% of them a shared per-subject prefix,
-2 output tokens) and video-generation prompts (memory-heavy: short prompts,
+2 output tokens; enough subjects that their prefixes do not all fit the KV cache, so order decides reuse) and video-generation prompts (memory-heavy: short prompts,
 outputs of a known length, frames x tokens per frame), shuffled into an
 arrival order. Four ways to serve it, run round-robin so background load hits
 them alike, with the prefix cache reset before every run:
@@ -24,8 +24,9 @@ has no CPU), so the memory split is the GPU's, applied to this engine's KV.
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
-import time
+import sys
 
 import numpy as np
 
@@ -41,21 +42,22 @@ from blendserve.model_prep import load_tokenizer
 from blendserve.policies import PolicyContext, make_controller
 from blendserve.workload_sources import data_root, video_lengths
 
-SUBJECTS = ("astronomy", "marketing", "anatomy", "virology", "world_religions", "nutrition", "prehistory", "sociology")
 VIDEO_FILE = "vbench_t2v_prompts/prompts__all_dimension.txt"
 
 
-def mixed_batch(n_mmlu: int, n_video: int, video_mean: float, seed: int) -> RequestBatch:
+def mixed_batch(n_mmlu: int, n_subjects: int, n_video: int, video_mean: float, seed: int) -> RequestBatch:
     import importlib.util
 
     root = data_root()
+    rng = np.random.default_rng(seed)
+    every = sorted(p.name[: -len("_test.csv")] for p in (root / "mmlu" / "test").glob("*_test.csv"))
+    subjects = {every[i] for i in rng.choice(len(every), size=min(n_subjects, len(every)), replace=False)}
     spec = importlib.util.spec_from_file_location("fewshot", root / "mmlu" / "build_fewshot_prompts.py")
     fewshot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fewshot)
-    per_subject = -(-n_mmlu // len(SUBJECTS))
-    mmlu = [r["prompt"] for r in fewshot.iter_prompts(5) if r["subject"] in SUBJECTS and r["idx"] < per_subject][:n_mmlu]
+    per_subject = -(-n_mmlu // len(subjects))
+    mmlu = [r["prompt"] for r in fewshot.iter_prompts(5) if r["subject"] in subjects and r["idx"] < per_subject][:n_mmlu]
     lines = [x.strip() for x in (root / VIDEO_FILE).read_text().splitlines() if x.strip()]
-    rng = np.random.default_rng(seed)
     video = [lines[i] for i in rng.choice(len(lines), size=n_video, replace=False)]
     video_out, _, _ = video_lengths(rng, n_video, video_mean)
     tokenizer = load_tokenizer()
@@ -94,6 +96,7 @@ def summary(runs: list[EngineStats]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mmlu", type=int, default=160)
+    ap.add_argument("--subjects", type=int, default=32, help="MMLU subjects: their prefixes together overflow the KV")
     ap.add_argument("--video", type=int, default=40)
     ap.add_argument("--video-mean", type=float, default=96.0, help="mean video output tokens (49/81/129 at 96)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -102,9 +105,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    batch = mixed_batch(args.mmlu, args.video, args.video_mean, args.seed)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below: stop the engine processes
+    batch = mixed_batch(args.mmlu, args.subjects, args.video, args.video_mean, args.seed)
     requests = requests_from_batch(batch)
-    print(f"workload: {len(batch)} requests ({args.mmlu} MMLU 5-shot, {args.video} video), "
+    print(f"workload: {len(batch)} requests ({args.mmlu} MMLU 5-shot over {args.subjects} subjects, {args.video} video), "
           f"{int(batch.prompt_lens.sum()):,} prompt tokens, up to {int(batch.max_tokens.sum()):,} output tokens")
     config = RunConfig(run_id="bench-engines", input="-", db="-", kv_cache_gb=args.kv_gb,
                        max_num_seqs=args.max_num_seqs, max_model_len=2048)
