@@ -26,7 +26,9 @@ in DuckDB (`outputs` table, keyed by `run_id` and your `custom_id`).
 -> `plan` (prefix tree, split, dual scan with the chosen policy, cut into shards)
 -> `infer` (one mapped task per shard, queue and pool `gpu`; resumes from its committed part files when retried)
 -> `load_outputs` (the single DuckDB writer; updates the `blendserve_outputs` Asset)
--> `validate_outputs` (exactly one output per accepted request) -> `summary`.
+-> `validate_outputs` (exactly one output per accepted request)
+-> `report` (Markdown + PNG plots beside the DuckDB file: throughput against the prediction, prefix hits,
+   estimates against actual lengths, shard balance, utilization, rejects and errors, validation) -> `summary`.
 
 Input and output paths must lie inside the data roots (`BLENDSERVE_DATA_ROOTS`,
 default the project's `data/` and `out/`); anything else fails the first task.
@@ -123,7 +125,12 @@ def blendserve_batch():
     def plan(warmed: dict, params=None, run_id=None) -> list[int]:
         from blendserve.pipeline import plan_step
 
-        return plan_step(run_config(params, run_id))
+        from blendserve.pipeline import explain_step
+
+        config = run_config(params, run_id)
+        shards = plan_step(config)
+        explain_step(config)  # predicted time of every policy, in this task's log
+        return shards
 
     @task(map_index_template="{{ shard_label }}", pool=INFER_POOL, queue=INFER_QUEUE)
     def infer(shard: int, params=None, run_id=None, ti=None) -> dict:
@@ -151,15 +158,21 @@ def blendserve_batch():
         return validate_outputs_step(run_config(params, run_id))
 
     @task
-    def summary(validated: dict, params=None, run_id=None) -> dict:
+    def report(validated: dict, params=None, run_id=None) -> str:
+        from blendserve.pipeline import report_step
+
+        return report_step(run_config(params, run_id))  # the path is in the task log
+
+    @task
+    def summary(report_path: str, params=None, run_id=None) -> dict:
         from blendserve.pipeline import summary as run_summary
 
-        result = run_summary(run_config(params, run_id))
+        result = {**run_summary(run_config(params, run_id)), "report": report_path}
         print(result)  # lands in the task log
         return result
 
     shards = plan(warmup(validate_input(ingest())))
-    summary(validate_outputs(load_outputs(infer.expand(shard=shards))))
+    summary(report(validate_outputs(load_outputs(infer.expand(shard=shards)))))
 
 
 blendserve_batch()

@@ -59,12 +59,14 @@ def test_dag_runs_end_to_end_and_failed_shards_resume_on_retry(airflow_db, roots
     assert run.state == "success"
     tries = {(ti.task_id, ti.map_index): ti.try_number for ti in run.get_task_instances()}
     assert tries[("infer", 0)] == tries[("infer", 1)] == 2
+    report = next(ti for ti in run.get_task_instances() if ti.task_id == "report")
+    assert report.state == "success"
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute("SELECT request_id, shard FROM outputs").fetchall()
         status = con.execute("SELECT status FROM runs").fetchall()
         checks = con.execute("SELECT stage, bool_and(success), count(*) FROM validation_results GROUP BY stage").fetchall()
     assert len(rows) == len({r[0] for r in rows}) == 28
-    assert {r[1] for r in rows} == {0, 1}
+    assert {r[1] for r in rows} - {-1} == {0, 1}  # -1: answered by the warm-up sample
     assert status == [("finished",)]
     assert {stage: ok for stage, ok, _ in checks} == {"input": True, "input_counts": True, "outputs": True}
 

@@ -28,6 +28,7 @@ class RunConfig:
     hardware: str = "a100-80g"  # hardware profile the plan is costed on (catalog name)
     sample_rate: float = 0.01  # warm-up sample of requests run first to learn output lengths (0 = none)
     keep_sharing: float = 0.99  # split budget: the plan keeps at least this share of DFS prefix sharing
+    explain: bool = True  # simulate every policy at plan time (predicted_* metrics, plan log); off for speed
     shards: int = 1  # data-parallel shards (one mapped task each in the DAG)
     default_max_tokens: int = 256  # for requests that give none
     max_model_len: int = 2048  # context length; longer prompts are rejected at ingest

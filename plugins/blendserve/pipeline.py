@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from blendserve import parts, store
+from blendserve.progress import Progress, phase
 from blendserve.config import RunConfig
 from blendserve.engines.base import EngineRequest
 
@@ -75,18 +76,36 @@ def plan_step(config: RunConfig) -> list[int]:
     """Order the requests with the configured policy, cut the order into shards, write plan.parquet."""
     from blendserve.planning import estimate_rows, load_inputs, plan_rows
 
-    inputs = load_inputs(config)
-    observed = _observed_lengths(config.run_dir / "parts" / "warmup")
-    rows = plan_rows(config, inputs, observed)
+    with phase(f"plan ({config.policy})"):
+        inputs = load_inputs(config)
+        observed = _observed_lengths(config.run_dir / "parts" / "warmup")
+        rows = plan_rows(config, inputs, observed)
     pq.write_table(rows, config.plan_path)
     estimates = estimate_rows(inputs, observed)
     with store.connect(config.db) as con:
         store.put_plan(con, config.run_id, config.plan_path)
         if estimates is not None:
             store.put_samples(con, config.run_id, estimates)
-    shards = sorted(set(rows.column("shard").to_pylist()) - {-1})
-    log.info("plan: %d requests, policy %s, shards %s", rows.num_rows, config.policy, shards)
+    log.info("plan: %d requests, policy %s, %d shards", rows.num_rows, config.policy, config.shards)
     return list(range(config.shards))
+
+
+def explain_step(config: RunConfig) -> str:
+    """Predicted time, GPU-hours and throughput of every policy (stored as predicted_* metrics)."""
+    from blendserve.report.explain import explain_plan
+
+    text = explain_plan(config)
+    log.info("plan explained:\n%s", text)
+    return text
+
+
+def report_step(config: RunConfig) -> str:
+    """The run report (Markdown + PNG plots) beside the DuckDB file."""
+    from blendserve.report.build import build_report
+
+    path = build_report(config.db, config.run_id)
+    log.info("run report: %s", path)
+    return str(path)
 
 
 def _observed_lengths(warmup_dir) -> dict[str, int]:
@@ -124,8 +143,9 @@ def _serve(config: RunConfig, shard: int, request_ids: list[str], shard_dir, kee
         if 0 <= config.fail_after_rows <= writer.committed + len(writer.buffer) - 1:
             raise InjectedFault(f"fault injection: shard {shard} stops after {config.fail_after_rows} rows")
 
-    with engine_session(config, keep=keep_engine) as engine:
-        stats = engine.run(requests, StaticOrder(np.arange(len(requests))), on_result)
+    label = "warm-up" if shard < 0 else f"shard {shard}"
+    with engine_session(config, keep=keep_engine) as engine, Progress(label, len(requests)) as progress:
+        stats = engine.run(requests, StaticOrder(np.arange(len(requests))), progress.wrap(on_result))
     writer.flush()
     summary = {"shard": shard, "served": stats.requests, "errors": stats.errors, "wall_seconds": stats.wall_seconds,
                "prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
@@ -237,11 +257,14 @@ def run_pipeline(config: RunConfig) -> dict:
     validate_input_step(config)
     try:
         warmup_step(config, keep_engine=True)
-        for shard in plan_step(config):
+        shards = plan_step(config)
+        if config.explain:
+            explain_step(config)
+        for shard in shards:
             infer_shard(config, shard, keep_engine=True)
     finally:
         if not keep_engines():
             close_all()
     load_step(config)
     validate_outputs_step(config)
-    return summary(config)
+    return {**summary(config), "report": report_step(config)}

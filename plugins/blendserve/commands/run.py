@@ -23,6 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="default max_tokens for requests that give none")
     p.add_argument("--max-model-len", type=int, default=2048, help="context length; longer prompts are rejected")
     p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)")
+    p.add_argument("--no-explain", action="store_true", help="skip simulating every policy at plan time")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     config = RunConfig(
         run_id=args.run_id or datetime.now().strftime("run-%Y%m%d-%H%M%S"),
         input=args.input, db=args.db, engine=args.engine, policy=args.policy, shards=args.shards,
-        sample_rate=args.sample_rate, hardware=args.hardware,
+        sample_rate=args.sample_rate, hardware=args.hardware, explain=not args.no_explain,
         default_max_tokens=args.max_tokens, max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,
     )
     started = time.monotonic()
@@ -52,6 +53,7 @@ def format_summary(s: dict) -> str:
         f"  throughput       {s.get('tokens_per_second', 0):,.0f} tokens/s (input + output)",
         f"  prefix cache     {100 * s.get('prefix_hit_rate', 0):.1f}% of prompt tokens served from cache",
         f"  outputs          {s['db']}  (table outputs, run_id = '{s['run_id']}')",
+        f"  report           {s['report']}",
     ]
     for request_id, text in s["samples"]:
         lines.append(f"  sample {request_id}: {text.strip()[:300]!r}")
