@@ -114,3 +114,58 @@ def test_projected_scan_staggers_long_decodes_that_peak_charges_would_hold_back(
     assert projected.next_request(STATE) is not None
     assert peak.next_request(STATE) is None  # peak charges still see the share as full
     assert projected._load(RIGHT) <= projected.share[RIGHT]
+
+
+def _long_then_short_items(n_long: int, n_short: int) -> ScanItems:
+    # Left: one compute-heavy item with no memory share; right end: n_long decodes of 1000, before them shorter ones of 300.
+    n = 1 + n_short + n_long
+    output = np.concatenate([[1.0], np.full(n_short, 300.0), np.full(n_long, 1000.0)])
+    return ScanItems(
+        requests=np.arange(n), group=np.minimum(np.arange(n), 1), group_density=np.array([10.0, 0.1]),
+        kv_charge=10.0 + output, target_density=0.1, output_est=output,
+    )
+
+
+def test_right_window_puts_short_decodes_beside_the_long_wave() -> None:
+    items = _long_then_short_items(n_long=10, n_short=10)
+    in_order = ProjectedDualScan(items, 2100, lookahead=1)
+    window = ProjectedDualScan(items, 2100, lookahead=16)
+    # Two long decodes peak at 2 x 1009 = 2018 of 2100: strictly in order nothing else fits until they end.
+    assert [in_order.next_request(STATE) for _ in range(3)] == [20, 19, None]
+    first = [window.next_request(STATE) for _ in range(3)]
+    assert first[:2] == [20, 19]
+    # A 300-token decode ends long before the long ones peak: 2 x 309 + 309 = 927 at tau = 299.
+    assert first[2] is not None and items.output_est[first[2]] == 300.0
+    assert window.remaining() == len(items.requests) - 3
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 200), st.integers(1, 64), st.integers(0, 10_000))
+def test_window_scan_admits_every_item_exactly_once(n: int, lookahead: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    base = _items(n, 5, seed)
+    output = rng.integers(1, 300, size=n).astype(np.float64)
+    items = ScanItems(base.requests, base.group, base.group_density, output + 20.0, base.target_density, output)
+    controller = ProjectedDualScan(items, 2000, lookahead=lookahead)
+    admitted: list[int] = []
+    running: list[int] = []
+    while controller.remaining():
+        index = controller.next_request(STATE)
+        if index is None:
+            assert running, "the controller stalled with nothing running"
+            controller.on_finish(running.pop(int(rng.integers(len(running)))), 1)
+            continue
+        admitted.append(index)
+        running.append(index)
+    assert sorted(admitted) == sorted(items.requests.tolist())
+    assert controller.next_request(STATE) is None
+
+
+def test_shared_prefix_is_charged_once() -> None:
+    output = np.array([2.0, 2.0, 2.0])
+    items = ScanItems(
+        requests=np.arange(3), group=np.zeros(3, dtype=np.int64), group_density=np.array([50.0]),
+        kv_charge=np.array([1002.0, 1002.0, 1002.0]), target_density=50.0, output_est=output,
+        shared_prompt=np.array([0.0, 900.0, 1000.0]),  # the third is a duplicate of the second
+    )
+    assert ProjectedDualScan._private_prompt(items).tolist() == [1000.0, 100.0, 1.0]

@@ -42,6 +42,7 @@ class ScanItems:
     kv_charge: np.ndarray  # (k,) estimated peak KV of each item in tokens: p + estimated d
     target_density: float  # rho_t: density of the whole job (the tree's root)
     output_est: np.ndarray | None = None  # (k,) estimated d of each item; enables run-time correction
+    shared_prompt: np.ndarray | None = None  # (k,) prompt tokens shared with the previous item (cached once)
 
 
 class DualScanController:
@@ -97,21 +98,26 @@ class DualScanController:
     def next_request(self, state: EngineState) -> int | None:
         if self.left >= self.right:
             return None
+        self._sync_capacity(state)
+        side = self._choose(self._fits(LEFT, self.left), self._fits(RIGHT, self.right - 1))
+        return None if side is None else self._admit(side)
+
+    def _sync_capacity(self, state: EngineState) -> None:
+        """Follow the engine's real KV capacity when it reports one (the plan may have assumed another)."""
         if state.kv_total_tokens > 0 and state.kv_total_tokens != self.capacity:
             self.capacity = float(state.kv_total_tokens)
             self._groups = (-1, -1)
             self._resplit()
-        fits_left = self._fits(LEFT, self.left)
-        fits_right = self._fits(RIGHT, self.right - 1)
+
+    def _choose(self, fits_left: bool, fits_right: bool) -> int | None:
+        """The side to admit from: the one with room, or with relatively more room when both have some."""
         if not (fits_left or fits_right):
             return None
         if fits_left and fits_right:
             room_left = 1.0 - self._load(LEFT) / self.share[LEFT]
             room_right = 1.0 - self._load(RIGHT) / self.share[RIGHT]
-            side = LEFT if room_left >= room_right else RIGHT
-        else:
-            side = LEFT if fits_left else RIGHT
-        return self._admit(side)
+            return LEFT if room_left >= room_right else RIGHT
+        return LEFT if fits_left else RIGHT
 
     def _admit(self, side: int) -> int:
         if side == LEFT:
@@ -120,6 +126,10 @@ class DualScanController:
         else:
             self.right -= 1
             position = self.right
+        return self._book(side, position)
+
+    def _book(self, side: int, position: int) -> int:
+        """Charge the item at ``position`` to ``side`` and return its batch index."""
         index = int(self.items.requests[position])
         cost = float(self.items.kv_charge[position])
         self.used[side] += cost

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from blendserve.admission import EngineState
-from blendserve.planner.dual_scan import DualScanController, ScanItems
+from blendserve.planner.dual_scan import LEFT, RIGHT, DualScanController, ScanItems
 
 
 def projected_peak(current: np.ndarray, remaining: np.ndarray) -> float:
@@ -51,13 +51,30 @@ class ProjectedDualScan(DualScanController):
     estimates (``ScanItems.output_est``); without them it behaves like the base.
     """
 
-    def __init__(self, items: ScanItems, capacity_tokens: float) -> None:
+    def __init__(self, items: ScanItems, capacity_tokens: float, lookahead: int = 512) -> None:
         super().__init__(items, capacity_tokens)
+        self.lookahead = max(int(lookahead), 1)  # items the right cursor may look past for one that fits
+        self.taken = np.zeros(len(items.requests), dtype=bool)  # items admitted, by position
+        self.holes = 0  # taken items strictly between the cursors (picked from inside the right window)
         self.clock = 0.0  # decode clock: steps every decoding request has advanced since the scan began
         self.started: dict[int, float] = {}  # batch index -> clock when admitted
         est = items.output_est
-        self._prompt = None if est is None else np.maximum(items.kv_charge - est, 0.0)  # (k,) p per item
+        self._prompt = None if est is None else self._private_prompt(items)  # (k,) prompt KV each item adds
         self._by_index = self._lookup(items.requests) if est is not None else None  # batch index -> item position
+
+    @staticmethod
+    def _private_prompt(items: ScanItems) -> np.ndarray:
+        """Prompt KV an item adds: its prompt less the prefix it shares with the previous item.
+
+        The engine's prefix cache holds a shared prefix once, and the
+        previous item (admitted just before on the same side) holds it
+        already; charging every item its whole prompt would make a side of
+        5-shot prompts look several times its real size and starve it.
+        """
+        prompt = np.maximum(items.kv_charge - items.output_est, 0.0)
+        if items.shared_prompt is None:
+            return prompt
+        return np.maximum(prompt - items.shared_prompt, 1.0)
 
     @staticmethod
     def _lookup(requests: np.ndarray) -> np.ndarray:
@@ -93,10 +110,59 @@ class ProjectedDualScan(DualScanController):
         return projected_peak(current, remaining) <= self.share[side]
 
     def next_request(self, state: EngineState) -> int | None:
-        index = super().next_request(state)
-        if index is not None:
-            self.started[index] = self.clock
+        if self.remaining() == 0:
+            return None
+        self._sync_capacity(state)
+        right_pick = self._window_pick()
+        side = self._choose(self._fits(LEFT, self.left), right_pick is not None)
+        if side is None:
+            return None
+        position = self.left if side == LEFT else right_pick
+        self._take(position)
+        index = self._book(side, position)
+        self.started[index] = self.clock
         return index
+
+    def remaining(self) -> int:
+        return max(self.right - self.left - self.holes, 0)
+
+    def _window_pick(self) -> int | None:
+        """The right cursor's pick: the first of its next ``lookahead`` items that fits the projected curve.
+
+        The right end holds the longest decodes. Taken strictly in order, a
+        side of equal long requests starts them together, and their
+        projection (all growing at once to the same peak) leaves the KV
+        half empty until they end. Looking up to ``lookahead`` items past the
+        cursor for one that fits under the projected curve puts shorter decodes beside
+        the long ones, so the side's KV fills early and stays near its
+        share. Items are tried in order (lowest density first); one per
+        distinct estimate, since equal estimates project alike. The window
+        is bounded so prefix-sharing neighbours stay close in time (the
+        prefix cache still holds their prefix).
+        """
+        if self._prompt is None:
+            return self.right - 1 if self._fits(RIGHT, self.right - 1) else None
+        lo = max(self.left, self.right - self.lookahead)
+        window = np.arange(self.right - 1, lo - 1, -1)
+        window = window[~self.taken[window]]
+        _, first = np.unique(self.items.output_est[window], return_index=True)
+        for position in window[np.sort(first)][: self.max_tries]:
+            if self._fits(RIGHT, int(position)):
+                return int(position)
+        return None
+
+    max_tries = 8  # distinct estimates tried per call: bounds the cost of a call
+
+    def _take(self, position: int) -> None:
+        """Mark an item admitted and move each cursor past the taken items next to it."""
+        self.taken[position] = True
+        self.holes += 1
+        while self.left < self.right and self.taken[self.left]:
+            self.left += 1
+            self.holes -= 1
+        while self.right > self.left and self.taken[self.right - 1]:
+            self.right -= 1
+            self.holes -= 1
 
     def on_progress(self, index: int, output_tokens: int) -> None:
         self._tick(index, output_tokens)

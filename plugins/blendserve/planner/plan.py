@@ -94,6 +94,9 @@ def scan_items(
     requests = requests_along(tree, leaf_order, with_duplicates)
     leaf = tree.request_leaf[requests]
     charge = (tree.prompt_len[leaf] + tree.output_est[leaf]).astype(np.float64)
+    shared = np.zeros(len(leaf), dtype=np.float64)
+    if len(leaf) > 1:  # a duplicate shares its twin's whole prompt (same leaf: LCP is the prompt)
+        shared[1:] = tree.leaf_pair_lcp(leaf[:-1], leaf[1:])
     return ScanItems(
         requests=requests.astype(np.int64),
         group=groups.of_position[leaf_position[leaf]],
@@ -101,6 +104,7 @@ def scan_items(
         kv_charge=charge,
         target_density=float(tree.stats.density[0]),
         output_est=tree.output_est[leaf].astype(np.float64),
+        shared_prompt=shared,
     )
 
 
