@@ -80,7 +80,10 @@ def select_warmup(config: RunConfig, inputs: Inputs) -> list[str]:
     from blendserve.sampling import select_samples
 
     tree = build_prefix_tree(inputs.batch, inputs.cost, sampling_keys=inputs.keys)
-    sampled = select_samples(inputs.batch, tree, rate=config.sample_rate, seed=0)
+    # Every subtree holding 1/16 of the job gets a sample (up to the sampler's 100): in a small job
+    # a 1% draw alone can miss a whole kind of request and leave it with another kind's lengths.
+    min_subtree = max(2, min(100, len(inputs.batch) // 16))
+    sampled = select_samples(inputs.batch, tree, rate=config.sample_rate, min_subtree=min_subtree, seed=0)
     return inputs.batch.request_ids[sampled].astype(str).tolist()
 
 
