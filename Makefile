@@ -33,6 +33,14 @@ demo: setup
 test: setup
 	$(PY) -m pytest
 
+# Quick benchmarks (minutes on 2 cores): simulator speed, planner scale, policies on the paper mixes.
+# Each prints its figures side by side with the baselines from one run; see docs/BENCHMARKS.md.
+bench: setup
+	$(PY) bench/bench_simulator.py --requests 100000 --runs 3
+	$(PY) bench/bench_planner.py --sizes 10000 100000 1000000
+	$(PY) bench/bench_policies.py --requests 40000
+	$(PY) bench/bench_sampling.py
+
 clean:
 	rm -rf out .pytest_cache
 
