@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import duckdb
+import numpy as np
 import pytest
 
 from conftest import FIXTURES, REPO
@@ -68,6 +70,8 @@ def test_dag_runs_end_to_end_and_failed_shards_resume_on_retry(airflow_db, roots
     assert len(rows) == len({r[0] for r in rows}) == 28
     assert {r[1] for r in rows} - {-1} == {0, 1}  # -1: answered by the warm-up sample
     assert status == [("finished",)]
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT policy FROM runs").fetchall() == [("blendserve",)]  # the default
     assert {stage: ok for stage, ok, _ in checks} == {"input": True, "input_counts": True, "outputs": True}
 
     from blendserve.export import export_openai
@@ -95,3 +99,33 @@ def test_paths_outside_the_data_roots_fail_the_first_task(airflow_db, roots, tmp
     assert run.state == "failed"
     assert states["ingest"] == "failed" and states["plan"] == "upstream_failed"
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def write_token_requests(path, n: int, seed: int = 0) -> None:
+    """``n`` token-id requests in prefix families, half short answers and half long, with true lengths."""
+    from blendserve.planner.synthetic import synthetic_batch
+
+    batch = synthetic_batch(n, mean_prompt=60, family_size=100, seed=seed)
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            long = batch.expected_output_tokens[i] >= 0
+            record = {"custom_id": f"r{i}", "prompt_token_ids": (batch.prompt(i) % 49_000).tolist(),
+                      "max_tokens": 512, "sim_output_tokens": int(rng.integers(200, 512) if long else rng.integers(1, 8))}
+            f.write(json.dumps(record) + "\n")
+
+
+def test_dag_with_the_simulator_engine_runs_ten_thousand_requests_on_four_shards(airflow_db, roots, tmp_path):
+    write_token_requests(tmp_path / "big.jsonl", 10_000)
+    db = tmp_path / "sim.duckdb"
+    started = time.monotonic()
+    run = batch_dag().test(run_conf={"input": str(tmp_path / "big.jsonl"), "db": str(db), "engine": "simulator",
+                                     "shards": 4})
+    print(f"dag.test with the simulator: 10,000 requests, 4 shards, {time.monotonic() - started:.1f} s")
+    assert run.state == "success"
+    with duckdb.connect(str(db), read_only=True) as con:
+        per_shard = dict(con.execute("SELECT shard, count(*) FROM outputs GROUP BY shard").fetchall())
+        unique = con.execute("SELECT count(DISTINCT request_id) FROM outputs").fetchone()[0]
+    assert unique == sum(per_shard.values()) == 10_000
+    assert set(per_shard) - {-1} == {0, 1, 2, 3}
+    assert max(per_shard[s] for s in range(4)) < 2 * min(per_shard[s] for s in range(4))  # balanced by time, roughly by count

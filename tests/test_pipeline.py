@@ -78,7 +78,8 @@ def test_identical_requests_run_once_and_every_duplicate_gets_the_answer(make_co
     path = tmp_path / "dups.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     config = make_config(input=str(path), engine="simulator", run_id="dups", sample_rate=0)
-    run_pipeline(config)
+    summary = run_pipeline(config)
+    assert summary["dedupe_saved"] == 2
     with duckdb.connect(config.db, read_only=True) as con:
         plan = dict(con.execute("SELECT request_id, answered_by FROM plan").fetchall())
         texts = dict(con.execute("SELECT request_id, text FROM outputs").fetchall())

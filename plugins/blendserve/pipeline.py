@@ -82,11 +82,14 @@ def plan_step(config: RunConfig) -> list[int]:
         rows = plan_rows(config, inputs, observed)
     pq.write_table(rows, config.plan_path)
     estimates = estimate_rows(inputs, observed)
+    saved = rows.num_rows - pc.sum(pc.equal(rows.column("request_id"), rows.column("answered_by"))).as_py()
     with store.connect(config.db) as con:
         store.put_plan(con, config.run_id, config.plan_path)
+        store.put_metrics(con, config.run_id, {"dedupe_saved": saved})  # inferences identical requests did not need
         if estimates is not None:
             store.put_samples(con, config.run_id, estimates)
-    log.info("plan: %d requests, policy %s, %d shards", rows.num_rows, config.policy, config.shards)
+    log.info("plan: %d requests, policy %s, %d shards, %d duplicates answered by a twin",
+             rows.num_rows, config.policy, config.shards, saved)
     return list(range(config.shards))
 
 

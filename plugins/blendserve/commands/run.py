@@ -49,6 +49,7 @@ def format_summary(s: dict) -> str:
     lines = [
         f"run {s['run_id']}: {s['requests']} requests answered ({s['errors']} errors), {s['rejected']} rejected at ingest",
         f"  tokens           {s['input_tokens']:,} in, {s['output_tokens']:,} out",
+        f"  deduplicated     {int(s.get('dedupe_saved', 0))} identical requests answered by a twin's inference",
         f"  inference wall   {s.get('wall_seconds', 0):.1f} s (whole job {s['job_seconds']:.1f} s incl. engine start)",
         f"  throughput       {s.get('tokens_per_second', 0):,.0f} tokens/s (input + output)",
         f"  prefix cache     {100 * s.get('prefix_hit_rate', 0):.1f}% of prompt tokens served from cache",
