@@ -55,7 +55,7 @@ def roots(tmp_path, monkeypatch):
 def test_dag_runs_end_to_end_and_failed_shards_resume_on_retry(airflow_db, roots, tmp_path):
     db = tmp_path / "dag.duckdb"
     # each shard's first try dies after 5 results (4 committed in one part): the retry must resume
-    conf = {"input": str(FIXTURES / "mini.jsonl"), "db": str(db), "shards": 2, "kv_cache_gb": 0.5,
+    conf = {"input": str(FIXTURES / "dag50.jsonl"), "db": str(db), "shards": 2, "kv_cache_gb": 0.5,
             "fail_after_rows": 5}
     run = batch_dag().test(run_conf=conf)
     assert run.state == "success"
@@ -67,7 +67,7 @@ def test_dag_runs_end_to_end_and_failed_shards_resume_on_retry(airflow_db, roots
         rows = con.execute("SELECT request_id, shard FROM outputs").fetchall()
         status = con.execute("SELECT status FROM runs").fetchall()
         checks = con.execute("SELECT stage, bool_and(success), count(*) FROM validation_results GROUP BY stage").fetchall()
-    assert len(rows) == len({r[0] for r in rows}) == 28
+    assert len(rows) == len({r[0] for r in rows}) == 50
     assert {r[1] for r in rows} - {-1} == {0, 1}  # -1: answered by the warm-up sample
     assert status == [("finished",)]
     with duckdb.connect(str(db), read_only=True) as con:
@@ -79,7 +79,7 @@ def test_dag_runs_end_to_end_and_failed_shards_resume_on_retry(airflow_db, roots
     run_id = con_run_id(db)
     report = export_openai(db, run_id, tmp_path / "exports")
     lines = [json.loads(line) for line in open(report.output_path)]
-    assert report.outputs == len(lines) == 28 and report.errors == 0
+    assert report.outputs == len(lines) == 50 and report.errors == 0
     chat = next(line for line in lines if line["custom_id"].startswith("video"))
     body = chat["response"]["body"]
     assert body["object"] == "chat.completion" and body["choices"][0]["message"]["content"]
