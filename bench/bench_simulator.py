@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 from blendserve.admission import StaticOrder
 from blendserve.batch import RequestBatch

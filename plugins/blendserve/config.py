@@ -67,6 +67,11 @@ class RunConfig:
     def shard_dir(self, shard: int) -> Path:
         return self.run_dir / "parts" / f"shard-{shard:05d}"
 
+    @property
+    def warmup_dir(self) -> Path:
+        """Part files of the warm-up sample (shard -1 in the plan)."""
+        return self.run_dir / "parts" / "warmup"
+
     def model_path(self) -> Path:
         if self.model:
             return Path(self.model)

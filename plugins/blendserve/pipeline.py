@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +20,7 @@ from blendserve import parts, store
 from blendserve.progress import Progress, phase
 from blendserve.config import RunConfig
 from blendserve.engines.base import EngineRequest
+from blendserve.planning import WARMUP_SHARD
 
 log = logging.getLogger(__name__)
 
@@ -62,26 +63,26 @@ def validate_input_step(config: RunConfig) -> dict:
 def warmup_step(config: RunConfig, keep_engine: bool = False) -> dict:
     """Run the warm-up sample first: its results are final (never run again) and its lengths
     feed the estimator the plan uses."""
-    from blendserve.planning import WARMUP_SHARD, load_inputs, select_warmup
+    from blendserve.planning import load_inputs, select_warmup
 
     ids = select_warmup(config, load_inputs(config))
     log.info("warm-up: %d sampled requests (rate %.3g)", len(ids), config.sample_rate)
     if not ids:
         return {"sampled": 0}
-    summary = _serve(config, WARMUP_SHARD, ids, config.run_dir / "parts" / "warmup", keep_engine)
+    summary = _serve(config, WARMUP_SHARD, ids, config.warmup_dir, keep_engine)
     return {"sampled": len(ids), **summary}
 
 
 def plan_step(config: RunConfig) -> list[int]:
     """Order the requests with the configured policy, cut the order into shards, write plan.parquet."""
-    from blendserve.planning import estimate_rows, load_inputs, plan_rows
+    from blendserve.planning import estimate_rows, estimates_from_warmup, load_inputs, plan_rows
 
     with phase(f"plan ({config.policy})"):
         inputs = load_inputs(config)
-        observed = _observed_lengths(config.run_dir / "parts" / "warmup")
-        rows = plan_rows(config, inputs, observed)
+        warm = estimates_from_warmup(inputs, _observed_lengths(config.warmup_dir))
+        rows = plan_rows(config, inputs, warm)
     pq.write_table(rows, config.plan_path)
-    estimates = estimate_rows(inputs, observed)
+    estimates = estimate_rows(inputs, warm)
     saved = rows.num_rows - pc.sum(pc.equal(rows.column("request_id"), rows.column("answered_by"))).as_py()
     with store.connect(config.db) as con:
         store.put_plan(con, config.run_id, config.plan_path)
@@ -143,10 +144,10 @@ def _serve(config: RunConfig, shard: int, request_ids: list[str], shard_dir, kee
 
     def on_result(result) -> None:
         writer.add(result)
-        if shard >= 0 and 0 <= config.fail_after_rows <= writer.committed + len(writer.buffer) - 1:
+        if shard != WARMUP_SHARD and 0 <= config.fail_after_rows <= writer.committed + len(writer.buffer) - 1:
             raise InjectedFault(f"fault injection: shard {shard} stops after {config.fail_after_rows} rows")
 
-    label = "warm-up" if shard < 0 else f"shard {shard}"
+    label = "warm-up" if shard == WARMUP_SHARD else f"shard {shard}"
     with engine_session(config, keep=keep_engine) as engine, Progress(label, len(requests)) as progress:
         stats = engine.run(requests, StaticOrder(np.arange(len(requests))), progress.wrap(on_result))
     writer.flush()
@@ -168,8 +169,10 @@ def _write_timeline(rows: list[dict], shard: int, path) -> None:
 
 
 def _engine_requests(config: RunConfig, request_ids: list[str]) -> list[EngineRequest]:
-    wanted = set(request_ids)
-    rows = {r["request_id"]: r for r in pq.read_table(config.requests_path).to_pylist() if r["request_id"] in wanted}
+    table = pq.read_table(config.requests_path)
+    # only this shard's rows become Python objects: the file holds the whole job
+    table = table.filter(pc.is_in(table.column("request_id"), value_set=pa.array(request_ids, pa.string())))
+    rows = {r["request_id"]: r for r in table.to_pylist()}
     return [EngineRequest(
         request_id=i,
         prompt_token_ids=rows[i]["prompt_token_ids"],
@@ -202,7 +205,7 @@ def load_step(config: RunConfig) -> dict:
 
 def _run_metrics(config: RunConfig) -> dict[str, float]:
     shards = [json.loads(p.read_text()) for p in config.run_dir.glob("parts/shard-*/stats.json")]
-    warmup = config.run_dir / "parts" / "warmup" / "stats.json"
+    warmup = config.warmup_dir / "stats.json"
     # shards run side by side, after the warm-up
     wall = max((s["wall_seconds"] for s in shards), default=0.0)
     if warmup.exists():

@@ -9,6 +9,7 @@ the plan rows every shard task reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +17,11 @@ import pyarrow.parquet as pq
 
 from blendserve.batch import RequestBatch
 from blendserve.config import RunConfig
-from blendserve.costmodel import CostModel, get_hardware, get_model
+from blendserve.costmodel import CostModel, get_hardware
+
+if TYPE_CHECKING:
+    from blendserve.planner.prefix_tree import PrefixTree
+    from blendserve.sampling import Estimates
 
 PLANNER_POLICIES = ("blendserve", "blendserve-nosplit")  # built by planner.build_plan with shards from both ends
 WARMUP_SHARD = -1  # shard number of the warm-up phase's results
@@ -27,9 +32,9 @@ def cost_model_for(config: RunConfig) -> CostModel:
     configured hardware profile (on a CPU the profile is nominal: the order depends on density
     ratios, which any profile scales alike)."""
     if config.engine == "simulator":
-        settings = config.extra.get("simulator", {})
-        return CostModel(get_model(settings.get("model", "smollm2-135m")),
-                         get_hardware(settings.get("hardware", config.hardware), int(settings.get("tp", 1))))
+        from blendserve.engines.sim_engine import simulator_setup
+
+        return simulator_setup(config)[0]
     from blendserve.costmodel.model_spec import from_hf_config
 
     return CostModel(from_hf_config(config.model_path() / "config.json"), get_hardware(config.hardware))
@@ -38,10 +43,10 @@ def cost_model_for(config: RunConfig) -> CostModel:
 def kv_capacity_for(config: RunConfig, cost: CostModel) -> int:
     """M of the dual scan, in tokens: what the engine that runs the plan can hold."""
     if config.engine == "simulator":
-        from blendserve.sim import SimConfig, kv_capacity_tokens
+        from blendserve.engines.sim_engine import simulator_setup
+        from blendserve.sim import kv_capacity_tokens
 
-        known = {k: v for k, v in config.extra.get("simulator", {}).items() if k in SimConfig.__dataclass_fields__}
-        return kv_capacity_tokens(cost, SimConfig(**known))
+        return kv_capacity_tokens(cost, simulator_setup(config)[1])
     return int(config.kv_cache_gb * 2**30 // cost.model.kv_bytes_per_token)
 
 
@@ -87,7 +92,15 @@ def select_warmup(config: RunConfig, inputs: Inputs) -> list[str]:
     return inputs.batch.request_ids[sampled].astype(str).tolist()
 
 
-def estimates_from_warmup(inputs: Inputs, observed: dict[str, int]):  # -> sampling.Estimates | None
+@dataclass
+class Warmup:
+    tree: "PrefixTree"  # the prefix tree the estimates were made on
+    sampled: np.ndarray  # batch indices of the requests the warm-up ran
+    estimates: "Estimates"  # per request: mean, high quantile, where it came from
+    observed: dict[str, int]  # request id -> output tokens the warm-up produced
+
+
+def estimates_from_warmup(inputs: Inputs, observed: dict[str, int]) -> Warmup | None:
     if not observed:
         return None
     from blendserve.planner.prefix_tree import build_prefix_tree
@@ -97,16 +110,15 @@ def estimates_from_warmup(inputs: Inputs, observed: dict[str, int]):  # -> sampl
     ids = inputs.batch.request_ids.astype(str)
     sampled = np.flatnonzero(np.isin(ids, list(observed)))
     lengths = np.array([observed[i] for i in ids[sampled]], dtype=np.int64)
-    return tree, sampled, estimate_outputs(inputs.batch, tree, sampled, lengths)
+    return Warmup(tree, sampled, estimate_outputs(inputs.batch, tree, sampled, lengths), observed)
 
 
-def plan_rows(config: RunConfig, inputs: Inputs, observed: dict[str, int]) -> pa.Table:
+def plan_rows(config: RunConfig, inputs: Inputs, warm: Warmup | None) -> pa.Table:
     """One row per accepted request: its shard and position, or the request whose result it takes."""
     from blendserve.planner.estimates import default_output_estimates
 
     batch, ids = inputs.batch, inputs.batch.request_ids.astype(str)
-    warm = estimates_from_warmup(inputs, observed)
-    estimates = default_output_estimates(batch) if warm is None else warm[2].mean
+    estimates = default_output_estimates(batch) if warm is None else warm.estimates.mean
     done, fanned, answered_by, rest = _split_done(batch, warm)
     rows = _policy_rows(config, inputs, rest, estimates)
     extra = pa.table({"request_id": ids[done].tolist() + ids[fanned].tolist(),
@@ -117,14 +129,14 @@ def plan_rows(config: RunConfig, inputs: Inputs, observed: dict[str, int]) -> pa
     return pa.concat_tables([rows, extra.cast(rows.schema)])
 
 
-def _split_done(batch: RequestBatch, warm) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+def _split_done(batch: RequestBatch, warm: Warmup | None) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
     """Sampled requests (done), their duplicates (fanned out from them) and the rest (to plan)."""
     if warm is None:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), [], np.arange(len(batch))
     from blendserve.sampling import split_warmup
 
-    tree, sampled, _ = warm
-    split = split_warmup(tree, sampled)
+    tree = warm.tree
+    split = split_warmup(tree, warm.sampled)
     reps = batch.request_ids[tree.leaf_request[tree.request_leaf[split.fanned]]].astype(str).tolist()
     return split.run, split.fanned, reps, split.rest
 
@@ -160,15 +172,12 @@ def _ordered_rows(config: RunConfig, inputs: Inputs, sub: RequestBatch, estimate
                      "est_output_tokens": estimates[order].astype(np.int32), "answered_by": ids})
 
 
-def estimate_rows(inputs: Inputs, observed: dict[str, int]) -> pa.Table | None:
+def estimate_rows(inputs: Inputs, warm: Warmup | None) -> pa.Table | None:
     """Per request: estimate, high quantile, where it came from (for the samples table)."""
-    warm = estimates_from_warmup(inputs, observed)
     if warm is None:
         return None
     from blendserve.sampling import estimate_table
 
-    tree, sampled, estimates = warm
     actual = np.full(len(inputs.batch), -1, dtype=np.int64)
-    actual[sampled] = [observed[i] for i in inputs.batch.request_ids[sampled].astype(str)]
-    return estimate_table(inputs.batch, estimates, actual)
-
+    actual[warm.sampled] = [warm.observed[i] for i in inputs.batch.request_ids[warm.sampled].astype(str)]
+    return estimate_table(inputs.batch, warm.estimates, actual)

@@ -66,24 +66,29 @@ def to_batch(requests: Sequence[EngineRequest], outputs: np.ndarray) -> RequestB
     )
 
 
+def simulator_setup(config: RunConfig) -> tuple[CostModel, SimConfig]:
+    """The simulated model, GPU and engine settings of a run (``extra["simulator"]``); the planner
+    costs a simulator run with the same ones, so prediction and simulation share one clock."""
+    settings = dict(config.extra.get("simulator", {}))
+    model = get_model(settings.pop("model", "smollm2-135m"))
+    hardware = get_hardware(settings.pop("hardware", config.hardware), int(settings.pop("tp", 1)))
+    settings.setdefault("max_running", config.max_num_seqs)
+    known = {f.name for f in fields(SimConfig)}
+    unknown = set(settings) - known
+    if unknown:
+        raise ValueError(f"unknown simulator settings {sorted(unknown)}; known: {sorted(known)} + model, hardware, tp")
+    return CostModel(model, hardware), SimConfig(**settings)
+
+
 class SimulatorEngine:
     name = "simulator"
 
     def __init__(self, config: RunConfig) -> None:
-        settings = dict(config.extra.get("simulator", {}))
-        model = get_model(settings.pop("model", "smollm2-135m"))
-        hardware = get_hardware(settings.pop("hardware", "a100-80g"), int(settings.pop("tp", 1)))
-        settings.setdefault("max_running", config.max_num_seqs)
-        known = {f.name for f in fields(SimConfig)}
-        unknown = set(settings) - known
-        if unknown:
-            raise ValueError(f"unknown simulator settings {sorted(unknown)}; known: {sorted(known)} + model, hardware, tp")
-        self.cost = CostModel(model, hardware)
-        self.sim_config = SimConfig(**settings)
+        self.cost, self.sim_config = simulator_setup(config)
         self.capacity = kv_capacity_tokens(self.cost, self.sim_config)
-        self.max_model_len = min(config.max_model_len, model.max_context)
+        self.max_model_len = min(config.max_model_len, self.cost.model.max_context)
         self.interval_s = float(config.extra.get("stats_interval_s", 0.25))
-        self.vocab = model.vocab_size
+        self.vocab = self.cost.model.vocab_size
 
     def run(self, requests: Sequence[EngineRequest], controller: AdmissionController, on_result: ResultSink) -> EngineStats:
         outputs = np.array([simulated_output(r, self.max_model_len) for r in requests], dtype=np.int64)
