@@ -32,13 +32,18 @@ in DuckDB (`outputs` table, keyed by `run_id` and your `custom_id`).
 
 Input and output paths must lie inside the data roots (`BLENDSERVE_DATA_ROOTS`,
 default the project's `data/` and `out/`); anything else fails the first task.
+On a cluster, `runs_dir` (an `s3://` or `gs://` URL inside a data root) lets
+workers on other hosts share the run folders; `storage_conn_id` names the
+Airflow connection holding the bucket's credentials. The DuckDB file stays local.
 The `blendserve_export` DAG runs on every update of the Asset and writes the
 OpenAI-style output and error files beside the DuckDB file.
 
 | parameter | meaning |
 |---|---|
 | `input` | input file or glob: JSONL (also OpenAI batch format), CSV or Parquet |
-| `db` | DuckDB file the outputs land in |
+| `db` | DuckDB file the outputs land in (a local file: one writer) |
+| `runs_dir` | where run folders go (requests, plan, shard part files): a path or `s3://`, `gs://` URL; empty: `runs/` beside the DuckDB file |
+| `storage_conn_id` | Airflow connection for URL inputs and `runs_dir` (empty: the workers' own credentials) |
 | `engine` | `vllm` (real model), `transformers`, `simulator` |
 | `policy` | `blendserve` (default), or a baseline to A/B: `blendserve-nosplit`, `dfs`, `density`, `fcfs` (file order), `balance` (random) |
 | `hardware` | GPU profile the plan is costed on (`a100-80g`, `h100-sxm`, `h200`, `l40s`) |
@@ -54,10 +59,16 @@ INFER_POOL = os.environ.get("BLENDSERVE_INFER_POOL", "gpu")  # slots = GPUs (or 
 INFER_QUEUE = os.environ.get("BLENDSERVE_INFER_QUEUE", "gpu")  # Celery queue the GPU workers listen on
 DEFAULT_INPUT = os.environ.get("BLENDSERVE_DEFAULT_INPUT", "data/sample/requests.jsonl")
 DEFAULT_DB = os.environ.get("BLENDSERVE_DB", "out/blendserve.duckdb")
+DEFAULT_RUNS_DIR = os.environ.get("BLENDSERVE_RUNS_DIR", "")  # e.g. s3://bucket/blendserve/runs on a cluster
+DEFAULT_STORAGE_CONN = os.environ.get("BLENDSERVE_STORAGE_CONN_ID", "")
 
 PARAMS = {
     "input": Param(DEFAULT_INPUT, type="string", minLength=1, description="Input file or glob."),
     "db": Param(DEFAULT_DB, type="string", minLength=1, description="DuckDB file for the outputs."),
+    "runs_dir": Param(DEFAULT_RUNS_DIR, type="string",
+                      description="Folder or s3://, gs:// URL for run folders (empty: beside the DuckDB file)."),
+    "storage_conn_id": Param(DEFAULT_STORAGE_CONN, type="string",
+                             description="Airflow connection for URL inputs and runs_dir (empty: none)."),
     "engine": Param("vllm", enum=["vllm", "transformers", "simulator"], description="Inference engine."),
     "policy": Param("blendserve", enum=["blendserve", "blendserve-nosplit", "dfs", "density", "fcfs", "balance"],
                     description="Scheduling policy: blendserve, or a baseline to A/B against."),
@@ -82,9 +93,11 @@ def run_config(params: dict, run_id: str, try_number: int = 1):
     from blendserve.paths import resolve_in_roots
 
     safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
+    runs_dir = params["runs_dir"].rstrip("/")
     return RunConfig(
         run_id=safe_id, input=resolve_in_roots(params["input"], "input"), db=resolve_in_roots(params["db"], "db"),
-        engine=params["engine"],
+        work_dir=resolve_in_roots(f"{runs_dir}/{safe_id}", "runs_dir") if runs_dir else "",
+        storage_conn_id=params["storage_conn_id"], engine=params["engine"],
         policy=params["policy"], hardware=params["hardware"], sample_rate=params["sample_rate"],
         keep_sharing=params["keep_sharing"], shards=params["shards"], default_max_tokens=params["max_tokens"],
         max_model_len=params["max_model_len"], kv_cache_gb=params["kv_cache_gb"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,25 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared workload data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def bucket() -> str:
+    """A fresh folder in fsspec's process-wide memory filesystem (an object store), removed afterwards."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    name = f"memory://bucket-{uuid.uuid4().hex}"
+    yield name
+    fs = MemoryFileSystem()
+    if fs.exists(name):
+        fs.rm(name, recursive=True)
+
+
+@pytest.fixture
+def airflow_memory_fs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make Airflow serve memory:// as a provider would serve s3://, so the
+    ObjectStoragePath branch runs for real without cloud credentials."""
+    import airflow.sdk.io.fs as airflow_fs
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    monkeypatch.setattr(airflow_fs, "_register_filesystems", lambda: {"memory": lambda conn_id, options: MemoryFileSystem()})

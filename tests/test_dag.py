@@ -129,3 +129,22 @@ def test_dag_with_the_simulator_engine_runs_ten_thousand_requests_on_four_shards
     assert unique == sum(per_shard.values()) == 10_000
     assert set(per_shard) - {-1} == {0, 1, 2, 3}
     assert max(per_shard[s] for s in range(4)) < 2 * min(per_shard[s] for s in range(4))  # balanced by time, roughly by count
+
+
+def test_dag_keeps_run_folders_in_object_storage(airflow_db, tmp_path, bucket, monkeypatch):
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from blendserve import storage
+
+    monkeypatch.setenv("BLENDSERVE_DATA_ROOTS", f"{tmp_path}{os.pathsep}{bucket}")
+    storage.atomic_write_bytes((FIXTURES / "mini.jsonl").read_bytes(), f"{bucket}/in/mini.jsonl")
+    db = tmp_path / "shared.duckdb"
+    run = batch_dag().test(run_conf={"input": f"{bucket}/in/*.jsonl", "db": str(db), "engine": "simulator",
+                                     "shards": 2, "runs_dir": f"{bucket}/runs/"})
+    assert run.state == "success"
+    with duckdb.connect(str(db), read_only=True) as con:
+        ids = [r[0] for r in con.execute("SELECT request_id FROM outputs").fetchall()]
+    assert len(ids) == len(set(ids)) == 28
+    objects = MemoryFileSystem().find(bucket.removeprefix("memory://"))
+    assert {o.rsplit("/parts/", 1)[1].split("/")[0] for o in objects if "/parts/" in o} >= {"shard-00000", "shard-00001"}
+    assert not (tmp_path / "runs").exists()

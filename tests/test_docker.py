@@ -89,10 +89,29 @@ def test_every_airflow_node_mounts_dags_plugins_data_and_outputs(compose: dict) 
         assert (DOCKER / ".." / host).is_dir()
 
 
-def test_data_roots_are_exactly_the_mounted_data_and_outputs(compose: dict) -> None:
+def _interpolate(value: str, variables: dict[str, str]) -> str:
+    """Compose's ``${NAME:-default}`` substitution, enough for these files."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: variables.get(m.group(1)) or m.group(2), value)
+
+
+def test_data_roots_are_the_mounted_data_and_outputs_and_any_object_roots(compose: dict) -> None:
+    from blendserve.storage import parse_roots
+
     env = _env(compose["services"]["airflow-worker-gpu"])
-    assert env["BLENDSERVE_DATA_ROOTS"].split(":") == ["/opt/airflow/data", "/opt/airflow/out"]
+    assert parse_roots(_interpolate(env["BLENDSERVE_DATA_ROOTS"], {})) == ["/opt/airflow/data", "/opt/airflow/out"]
+    buckets = {"BLENDSERVE_OBJECT_ROOTS": "s3://b/blendserve:gs://c"}
+    assert parse_roots(_interpolate(env["BLENDSERVE_DATA_ROOTS"], buckets))[2:] == ["s3://b/blendserve", "gs://c"]
     assert env["BLENDSERVE_DB"].startswith("/opt/airflow/out/")
+
+
+def test_every_node_gets_the_shared_runs_dir_and_its_connection(compose: dict) -> None:
+    source = (REPO / "dags" / "blendserve_batch.py").read_text()
+    example = (DOCKER / ".env.example").read_text()
+    for variable in ("BLENDSERVE_RUNS_DIR", "BLENDSERVE_STORAGE_CONN_ID"):
+        assert f'os.environ.get("{variable}", "")' in source  # the DAG's default for its parameter
+        assert f"# {variable}=" in example  # documented, unset: local run folders stay the default
+        for name in AIRFLOW_SERVICES:
+            assert _env(compose["services"][name])[variable] == f"${{{variable}:-}}", name
 
 
 def test_no_secret_has_a_value_in_git(compose: dict) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
+from blendserve import storage
 from blendserve.ingest import ingest
 from blendserve.ingest.normalize import Limits
 
@@ -57,10 +57,11 @@ BAD_LINES = [
 ]
 
 
-def run_ingest(tmp_path: Path, tokenizer, pattern: str):
+def run_ingest(out: Path | str, tokenizer, pattern: str):
+    """Ingest into ``out``, a local folder or an object-storage URL."""
     limits = Limits(default_max_tokens=16, max_model_len=2048, vocab_size=tokenizer.vocab_size)
-    report = ingest(pattern, tmp_path / "requests.parquet", tmp_path / "rejects.parquet", tokenizer, limits)
-    return report, pq.read_table(tmp_path / "requests.parquet"), pq.read_table(tmp_path / "rejects.parquet")
+    report = ingest(pattern, f"{out}/requests.parquet", f"{out}/rejects.parquet", tokenizer, limits)
+    return report, *(storage.read_parquet([f"{out}/{name}.parquet"]) for name in ("requests", "rejects"))
 
 
 @pytest.mark.parametrize("case,line,reason", BAD_LINES, ids=[c[0] for c in BAD_LINES])
@@ -92,14 +93,18 @@ def test_duplicate_ids_across_files_keep_the_first(tmp_path, tokenizer):
     assert rejects.column("source_file")[0].as_py().endswith("b.jsonl")
 
 
-def test_csv_and_parquet_inputs(tmp_path, tokenizer):
+@pytest.mark.parametrize("where", ["local", "object storage"])
+def test_csv_and_parquet_inputs(tmp_path, tokenizer, bucket, where):
     import pyarrow as pa
 
-    (tmp_path / "in.csv").write_text(
-        "custom_id,prompt,max_tokens,temperature\nc1,Hello there,5,0.5\nc2,,5,0\nc3,Hi,lots,0\n")
-    pq.write_table(pa.table({"custom_id": ["p1"], "prompt": ["Name a colour."], "max_tokens": [3]}), tmp_path / "in.parquet")
-    report, accepted, rejects = run_ingest(tmp_path, tokenizer, str(tmp_path / "in.*"))
+    root = str(tmp_path) if where == "local" else bucket
+    storage.atomic_write_bytes(
+        b"custom_id,prompt,max_tokens,temperature\nc1,Hello there,5,0.5\nc2,,5,0\nc3,Hi,lots,0\n", f"{root}/in.csv")
+    storage.atomic_write_parquet(pa.table({"custom_id": ["p1"], "prompt": ["Name a colour."], "max_tokens": [3]}),
+                                 f"{root}/in.parquet")
+    report, accepted, rejects = run_ingest(root, tokenizer, f"{root}/in.*")
     assert (report.read, report.accepted, report.rejected) == (4, 2, 2)
+    assert sorted(accepted.column("source_file").to_pylist()) == [f"{root}/in.csv", f"{root}/in.parquet"]
     rows = {r["request_id"]: r for r in accepted.to_pylist()}
     assert rows["c1"]["max_tokens"] == 5 and rows["c1"]["temperature"] == pytest.approx(0.5)
     assert rows["p1"]["endpoint"] == "completion"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blendserve.paths import PathOutsideRoots, resolve_in_roots
+from blendserve.paths import PathOutsideRoots, data_roots, resolve_in_roots
 
 
 @pytest.fixture
@@ -30,3 +30,19 @@ def test_paths_and_globs_inside_a_root_resolve(roots, tmp_path):
     inside = resolve_in_roots(str(tmp_path / "data" / "in" / "*.jsonl"), "input", roots)
     assert inside == str(roots[0] / "in" / "*.jsonl")
     assert resolve_in_roots(str(tmp_path / "data" / "in" / ".." / "out.duckdb"), "db", roots) == str(roots[0] / "out.duckdb")
+
+
+def test_object_storage_urls_are_allowed_only_inside_url_roots(roots):
+    with_bucket = [*roots, "s3://bucket/runs"]
+    assert resolve_in_roots("s3://bucket/runs/r1", "runs_dir", with_bucket) == "s3://bucket/runs/r1"
+    assert resolve_in_roots("s3://bucket/runs/in/*.jsonl", "input", with_bucket) == "s3://bucket/runs/in/*.jsonl"
+    for bad in ("s3://bucket/other/r1", "s3://bucket/runs/../secrets", "gs://bucket/runs/r1"):
+        with pytest.raises(PathOutsideRoots, match="outside the data roots"):
+            resolve_in_roots(bad, "runs_dir", with_bucket)
+    with pytest.raises(PathOutsideRoots):
+        resolve_in_roots("s3://bucket/runs/r1", "runs_dir", roots)  # no URL root: no object storage at all
+
+
+def test_data_roots_keep_urls_whole(monkeypatch, tmp_path):
+    monkeypatch.setenv("BLENDSERVE_DATA_ROOTS", f"{tmp_path}:s3://bucket/runs:gs://other")
+    assert data_roots() == [tmp_path.resolve(), "s3://bucket/runs", "gs://other"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,25 +13,6 @@ from upath import UPath
 from blendserve import storage
 
 TABLE = pa.table({"request_id": ["a", "b"], "num_output_tokens": [3, 5]})
-
-
-@pytest.fixture
-def bucket() -> str:
-    """A fresh folder in the process-wide memory filesystem, removed afterwards."""
-    name = f"memory://bucket-{uuid.uuid4().hex}"
-    yield name
-    fs = MemoryFileSystem()
-    if fs.exists(name):
-        fs.rm(name, recursive=True)
-
-
-@pytest.fixture
-def airflow_memory_fs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make Airflow serve memory:// as a provider would serve s3://, so the
-    ObjectStoragePath branch runs for real without cloud credentials."""
-    import airflow.sdk.io.fs as airflow_fs
-
-    monkeypatch.setattr(airflow_fs, "_register_filesystems", lambda: {"memory": lambda conn_id, options: MemoryFileSystem()})
 
 
 # --- resolve -------------------------------------------------------------------------------
@@ -145,6 +125,29 @@ def test_object_store_write_makes_no_folders(bucket: str, monkeypatch: pytest.Mo
     assert path.exists()
 
 
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_staged_file_appears_only_when_written_whole(where: str, tmp_path: Path, bucket: str) -> None:
+    url = f"{tmp_path if where == 'local' else bucket}/runs/r1/requests.parquet"
+    with storage.staged_file(url) as local:
+        local.write_bytes(b"first half")
+        assert not storage.resolve(url).exists()  # readers see nothing while it is being written
+        with local.open("ab") as f:
+            f.write(b", second half")
+    assert storage.resolve(url).read_bytes() == b"first half, second half"
+    assert not local.exists()
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_staged_file_publishes_nothing_on_error(where: str, tmp_path: Path, bucket: str) -> None:
+    url = f"{tmp_path if where == 'local' else bucket}/plan.parquet"
+    with pytest.raises(RuntimeError, match="writer died"):
+        with storage.staged_file(url) as local:
+            local.write_bytes(b"half")
+            raise RuntimeError("writer died")
+    assert not storage.resolve(url).exists() and not local.exists()
+    assert where == "memory" or list(tmp_path.iterdir()) == []
+
+
 # --- listing and reading ---------------------------------------------------------------------
 
 
@@ -173,6 +176,23 @@ def test_list_and_read_parts_across_shards(where: str, tmp_path: Path, bucket: s
 def test_missing_folder_has_no_parts(where: str, tmp_path: Path, bucket: str) -> None:
     root = str(tmp_path / "nothing") if where == "local" else f"{bucket}/nothing"
     assert storage.list_parts(root) == []
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_expand_globs_paths_and_urls(where: str, tmp_path: Path, bucket: str) -> None:
+    root = str(tmp_path) if where == "local" else bucket
+    for name in ("in/b.jsonl", "in/a.jsonl", "in/deep/c.jsonl", "in/d.csv"):
+        storage.atomic_write_bytes(b"{}", f"{root}/{name}")
+    assert [p.name for p in storage.expand(f"{root}/in/*.jsonl")] == ["a.jsonl", "b.jsonl"]
+    assert [p.name for p in storage.expand(f"{root}/in/**/*.jsonl")] == ["a.jsonl", "b.jsonl", "c.jsonl"]
+    (one,) = storage.expand(f"{root}/in/d.csv")
+    assert one.read_bytes() == b"{}" and isinstance(one, Path) == (where == "local")
+
+
+def test_parquet_dataset_scans_object_storage(bucket: str) -> None:
+    _commit_shards(bucket)
+    dataset = storage.parquet_dataset(storage.list_parts(f"{bucket}/parts", "*/part-*.parquet"))
+    assert dataset.to_table().num_rows == 4
 
 
 def test_reading_no_files_needs_a_schema() -> None:

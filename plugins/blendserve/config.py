@@ -11,7 +11,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from blendserve import storage
 from blendserve.model_prep import REPO_ROOT
+from blendserve.storage import StoragePath
 
 ENGINES = ("vllm", "transformers", "simulator")
 
@@ -22,7 +24,8 @@ class RunConfig:
     input: str  # a file, or a glob of files (JSONL, OpenAI batch JSONL, CSV, Parquet)
     db: str  # the DuckDB file the outputs land in
     engine: str = "vllm"  # one of ENGINES
-    work_dir: str = ""  # run folder for Parquet and part files; default: <db folder>/runs/<run_id>
+    work_dir: str = ""  # run folder (Parquet, part files), path or s3://, gs:// URL; default <db folder>/runs/<run_id>
+    storage_conn_id: str = ""  # Airflow connection for URL inputs and work_dir; empty: credentials from the environment
     model: str = ""  # model folder; default: the prepared SmolLM2-135M-Instruct
     policy: str = "blendserve"  # scheduling policy: blendserve, blendserve-nosplit, dfs, density, fcfs, balance
     hardware: str = "a100-80g"  # hardware profile the plan is costed on (catalog name)
@@ -45,32 +48,41 @@ class RunConfig:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.shards < 1:
             raise ValueError(f"shards must be at least 1, got {self.shards}")
+        if storage.is_remote(self.db):
+            # DuckDB takes one writer per file and cannot lock an object: the file stays on a disk
+            raise ValueError(f"db must be a local file, got {self.db!r}; put work_dir in object storage instead")
 
     @property
-    def run_dir(self) -> Path:
+    def run_dir(self) -> StoragePath:
+        """A plain ``Path`` unless ``work_dir`` is a URL (then a universal path, see ``blendserve.storage``)."""
         if self.work_dir:
-            return Path(self.work_dir)
+            return storage.resolve(self.work_dir, self.storage_conn_id or None)
         return Path(self.db).resolve().parent / "runs" / self.run_id
 
     @property
-    def requests_path(self) -> Path:
+    def requests_path(self) -> StoragePath:
         return self.run_dir / "requests.parquet"
 
     @property
-    def rejects_path(self) -> Path:
+    def rejects_path(self) -> StoragePath:
         return self.run_dir / "rejects.parquet"
 
     @property
-    def plan_path(self) -> Path:
+    def plan_path(self) -> StoragePath:
         return self.run_dir / "plan.parquet"
 
-    def shard_dir(self, shard: int) -> Path:
-        return self.run_dir / "parts" / f"shard-{shard:05d}"
+    @property
+    def parts_dir(self) -> StoragePath:
+        """One folder per shard (and the warm-up) of committed part files."""
+        return self.run_dir / "parts"
+
+    def shard_dir(self, shard: int) -> StoragePath:
+        return self.parts_dir / f"shard-{shard:05d}"
 
     @property
-    def warmup_dir(self) -> Path:
+    def warmup_dir(self) -> StoragePath:
         """Part files of the warm-up sample (shard -1 in the plan)."""
-        return self.run_dir / "parts" / "warmup"
+        return self.parts_dir / "warmup"
 
     def model_path(self) -> Path:
         if self.model:

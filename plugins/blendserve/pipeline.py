@@ -14,13 +14,14 @@ from dataclasses import asdict
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from blendserve import parts, store
+from blendserve import parts, storage, store
 from blendserve.progress import Progress, phase
 from blendserve.config import RunConfig
 from blendserve.engines.base import EngineRequest
 from blendserve.planning import WARMUP_SHARD
+from blendserve.schema import RESULT_SCHEMA
+from blendserve.storage import StoragePath
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ def ingest_step(config: RunConfig) -> dict:
 
     tokenizer = PromptTokenizer(config.model_path())
     limits = Limits(config.default_max_tokens, config.max_model_len, tokenizer.vocab_size)
-    report = ingest(config.input, config.requests_path, config.rejects_path, tokenizer, limits)
+    report = ingest(config.input, config.requests_path, config.rejects_path, tokenizer, limits,
+                    config.storage_conn_id or None)
     with store.connect(config.db) as con:
         store.start_run(con, config.run_id, config.to_json())
         store.load_requests(con, config.run_id, config.requests_path, config.rejects_path)
@@ -49,7 +51,7 @@ def validate_input_step(config: RunConfig) -> dict:
     """great-expectations on the accepted requests; fails the step, naming the checks, if any fails."""
     from blendserve.validation import raise_on_failure, validate_requests
 
-    requests = pq.read_table(config.requests_path, columns=["request_id", "num_prompt_tokens", "max_tokens"])
+    requests = storage.read_parquet([config.requests_path], columns=["request_id", "num_prompt_tokens", "max_tokens"])
     with store.connect(config.db) as con:
         counts = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = ? AND name LIKE 'ingest_%'",
                                   [config.run_id]).fetchall())
@@ -81,7 +83,7 @@ def plan_step(config: RunConfig) -> list[int]:
         inputs = load_inputs(config)
         warm = estimates_from_warmup(inputs, _observed_lengths(config.warmup_dir))
         rows = plan_rows(config, inputs, warm)
-    pq.write_table(rows, config.plan_path)
+    storage.atomic_write_parquet(rows, config.plan_path)
     estimates = estimate_rows(inputs, warm)
     saved = rows.num_rows - pc.sum(pc.equal(rows.column("request_id"), rows.column("answered_by"))).as_py()
     with store.connect(config.db) as con:
@@ -112,25 +114,23 @@ def report_step(config: RunConfig) -> str:
     return str(path)
 
 
-def _observed_lengths(warmup_dir) -> dict[str, int]:
-    files = parts.part_files(warmup_dir)
-    if not files:
-        return {}
+def _observed_lengths(warmup_dir: StoragePath) -> dict[str, int]:
+    files = storage.list_parts(warmup_dir, parts.PART_GLOB)
     # every warm-up result counts (an error as 0 tokens): a sampled request is never run again
-    table = pq.read_table(files, columns=["request_id", "num_output_tokens"])
+    table = storage.read_parquet(files, columns=["request_id", "num_output_tokens"], schema=RESULT_SCHEMA)
     return dict(zip(table.column("request_id").to_pylist(), table.column("num_output_tokens").to_pylist()))
 
 
 def infer_shard(config: RunConfig, shard: int, keep_engine: bool = False) -> dict:
     """Serve one shard's requests in plan order; resumes after the committed part files.
     The engine stops at the end unless ``keep_engine`` (the next shard in this process reuses it)."""
-    plan = pq.read_table(config.plan_path).filter(pc.equal(pc.field("shard"), shard)).sort_by("position")
+    plan = storage.read_parquet([config.plan_path]).filter(pc.equal(pc.field("shard"), shard)).sort_by("position")
     # duplicates are not run: load_step copies their twin's answer
     runs = plan.filter(pc.equal(pc.field("request_id"), pc.field("answered_by")))
     return _serve(config, shard, runs.column("request_id").to_pylist(), config.shard_dir(shard), keep_engine)
 
 
-def _serve(config: RunConfig, shard: int, request_ids: list[str], shard_dir, keep_engine: bool) -> dict:
+def _serve(config: RunConfig, shard: int, request_ids: list[str], shard_dir: StoragePath, keep_engine: bool) -> dict:
     """Run ``request_ids`` in order on the engine, committing results to ``shard_dir`` part files."""
     from blendserve.admission import StaticOrder
     from blendserve.engines import engine_session
@@ -154,22 +154,22 @@ def _serve(config: RunConfig, shard: int, request_ids: list[str], shard_dir, kee
     summary = {"shard": shard, "served": stats.requests, "errors": stats.errors, "wall_seconds": stats.wall_seconds,
                "prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
                "output_tokens": stats.output_tokens}
-    (shard_dir / "stats.json").write_text(json.dumps(summary))
+    storage.atomic_write_bytes(json.dumps(summary).encode(), shard_dir / "stats.json")
     _write_timeline(stats.timeline, shard, shard_dir / "timeline.parquet")
     return summary
 
 
-def _write_timeline(rows: list[dict], shard: int, path) -> None:
+def _write_timeline(rows: list[dict], shard: int, path: StoragePath) -> None:
     """The engine's per-interval statistics, for the run report (last attempt of the shard)."""
     from blendserve.engines.common import TIMELINE_KEYS
 
     columns = {key: pa.array([row.get(key) for row in rows], pa.float64()) for key in TIMELINE_KEYS}
     table = pa.table({"shard": pa.array([shard] * len(rows), pa.int32()), **columns})
-    pq.write_table(table, path)
+    storage.atomic_write_parquet(table, path)
 
 
 def _engine_requests(config: RunConfig, request_ids: list[str]) -> list[EngineRequest]:
-    table = pq.read_table(config.requests_path)
+    table = storage.read_parquet([config.requests_path])
     # only this shard's rows become Python objects: the file holds the whole job
     table = table.filter(pc.is_in(table.column("request_id"), value_set=pa.array(request_ids, pa.string())))
     rows = {r["request_id"]: r for r in table.to_pylist()}
@@ -188,11 +188,11 @@ def _engine_requests(config: RunConfig, request_ids: list[str]) -> list[EngineRe
 
 def load_step(config: RunConfig) -> dict:
     """The single DuckDB writer: load every shard's part files, check one output per request."""
-    files = sorted(config.run_dir.glob(f"parts/*/{parts.PART_GLOB}"))  # shards and the warm-up
+    files = storage.list_parts(config.parts_dir, f"*/{parts.PART_GLOB}")  # shards and the warm-up
     with store.connect(config.db) as con:
         inserted = store.load_outputs(con, config.run_id, files)
         inserted += store.fan_out_duplicates(con, config.run_id)
-        store.put_timeline(con, config.run_id, sorted(config.run_dir.glob("parts/*/timeline.parquet")))
+        store.put_timeline(con, config.run_id, storage.list_parts(config.parts_dir, "*/timeline.parquet"))
         missing = con.execute(
             """SELECT count(*) FROM requests r ANTI JOIN outputs o USING (run_id, request_id)
                WHERE r.run_id = ?""", [config.run_id]).fetchone()[0]
@@ -204,7 +204,7 @@ def load_step(config: RunConfig) -> dict:
 
 
 def _run_metrics(config: RunConfig) -> dict[str, float]:
-    shards = [json.loads(p.read_text()) for p in config.run_dir.glob("parts/shard-*/stats.json")]
+    shards = [json.loads(p.read_text()) for p in storage.list_parts(config.parts_dir, "shard-*/stats.json")]
     warmup = config.warmup_dir / "stats.json"
     # shards run side by side, after the warm-up
     wall = max((s["wall_seconds"] for s in shards), default=0.0)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from blendserve import storage
 from blendserve.batch import RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware
@@ -72,7 +72,7 @@ class Inputs:
 
 
 def load_inputs(config: RunConfig) -> Inputs:
-    table = pq.read_table(config.requests_path)
+    table = storage.read_parquet([config.requests_path])
     cost = cost_model_for(config)
     return Inputs(table, RequestBatch.from_table(table), sampling_keys(table), cost, kv_capacity_for(config, cost))
 

@@ -10,21 +10,29 @@ a URL and keep local paths plain :class:`pathlib.Path`, so nothing changes for a
 - :func:`atomic_write_parquet` / :func:`atomic_write_bytes`: a reader sees the whole file or
   nothing. Local: temporary name, then rename. Object stores: one put of the whole object,
   which S3, GCS and Azure Blob make visible all at once.
+- :func:`staged_file`: the same guarantee for a file written in pieces (a streaming writer).
 - :func:`list_parts`, :func:`read_parquet`: find and read committed part files anywhere.
+- :func:`expand`: the files a path or URL glob names (inputs).
+- :func:`parquet_dataset`: Parquet files as one Arrow dataset, for DuckDB to scan without reading
+  object storage itself (its own ``httpfs`` would need credentials of its own).
 - :func:`parse_roots`, :func:`in_roots`: data roots that may be URLs (``s3://b/x`` has a colon).
 """
 
 from __future__ import annotations
 
+import glob
 import io
 import os
 import re
+import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Union
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from upath import UPath
 from upath.extensions import ProxyUPath  # Airflow's ObjectStoragePath derives from it
@@ -100,29 +108,50 @@ def atomic_write_bytes(data: bytes, url: PathLike, overwrite: bool = True) -> St
     """
     path = as_path(url)
     if isinstance(path, Path):
-        _write_local(data, path, overwrite)
+        with staged_file(path, overwrite) as tmp:
+            tmp.write_bytes(data)
     else:
-        _write_object(data, path, overwrite)
+        _refuse_existing(path, overwrite)
+        path.fs.pipe_file(path.path, data)  # one request: the object appears whole or not at all
     return path
 
 
-def _write_local(data: bytes, path: Path, overwrite: bool) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # unique: two writers never share it
+@contextmanager
+def staged_file(url: PathLike, overwrite: bool = True) -> Iterator[Path]:
+    """A local file to write in pieces; on a clean exit it becomes ``url`` whole.
+
+    Local: a temporary name beside ``url``, then a rename. Object stores: a local temporary file,
+    then one upload (a multipart upload too becomes visible only when it completes).
+    ``overwrite`` as in :func:`atomic_write_bytes`. On an error nothing is published.
+    """
+    path = as_path(url)
+    if isinstance(path, Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # unique: two writers never share it
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="blendserve-")) / path.name
     try:
-        tmp.write_bytes(data)
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)  # fails with FileExistsError if another writer got there first
+        yield tmp
+        _publish(tmp, path, overwrite)
     finally:
         tmp.unlink(missing_ok=True)
+        if not isinstance(path, Path):
+            tmp.parent.rmdir()
 
 
-def _write_object(data: bytes, path: StoragePath, overwrite: bool) -> None:
+def _publish(tmp: Path, path: StoragePath, overwrite: bool) -> None:
+    if not isinstance(path, Path):
+        _refuse_existing(path, overwrite)
+        path.fs.put_file(str(tmp), path.path)
+    elif overwrite:
+        os.replace(tmp, path)
+    else:
+        os.link(tmp, path)  # fails with FileExistsError if another writer got there first
+
+
+def _refuse_existing(path: StoragePath, overwrite: bool) -> None:
     if not overwrite and path.exists():
         raise FileExistsError(str(path))
-    path.fs.pipe_file(path.path, data)  # one request: the object appears whole or not at all
 
 
 def atomic_write_parquet(table: pa.Table, url: PathLike, overwrite: bool = True) -> StoragePath:
@@ -151,31 +180,51 @@ def read_parquet(
     No files gives an empty table of ``schema``; without a schema that is an error, because an
     empty result with no columns would surface later as a confusing missing-column failure.
     """
-    resolved = [as_path(p) for p in paths]
-    if not resolved:
+    if not paths:
         if schema is None:
             raise ValueError("no Parquet files to read and no schema for an empty table")
         table = schema.empty_table()
         return table.select(columns) if columns else table
-    if all(isinstance(p, Path) for p in resolved):
-        return pq.read_table([str(p) for p in resolved], columns=columns, schema=schema)
-    return _read_remote(resolved, columns, schema)
+    names, filesystem = _arrow_source(paths)
+    return pq.read_table(names, columns=columns, schema=schema, filesystem=filesystem)
 
 
-def _read_remote(paths: list[StoragePath], columns: list[str] | None, schema: pa.Schema | None) -> pa.Table:
+def parquet_dataset(paths: Sequence[PathLike]) -> ds.Dataset:
+    """Parquet files (at least one) as one lazily read Arrow dataset: scanning it streams batches."""
+    names, filesystem = _arrow_source(paths)
+    return ds.dataset(names, format="parquet", filesystem=filesystem)
+
+
+def _arrow_source(paths: Sequence[PathLike]) -> tuple[list[str], object]:
+    """File names and the pyarrow filesystem they are on (``None``: local)."""
     from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-    filesystems = {_fs_key(p) for p in paths}
+    resolved = [as_path(p) for p in paths]
+    if all(isinstance(p, Path) for p in resolved):
+        return [str(p) for p in resolved], None
+    filesystems = {_fs_key(p) for p in resolved}
     if len(filesystems) != 1:
         raise ValueError(f"Parquet files on more than one filesystem: {sorted(filesystems)}")
-    filesystem = PyFileSystem(FSSpecHandler(paths[0].fs))
-    return pq.read_table([p.path for p in paths], columns=columns, schema=schema, filesystem=filesystem)
+    return [p.path for p in resolved], PyFileSystem(FSSpecHandler(resolved[0].fs))
 
 
 def _fs_key(path: StoragePath) -> str:
     if isinstance(path, Path):
         return "file"
     return f"{path.protocol}:{id(path.fs)}"
+
+
+def expand(pattern: str, conn_id: str | None = None) -> list[StoragePath]:
+    """The paths a file name or glob names, sorted; a name without wildcards comes back as it is.
+
+    ``**`` matches across folders, as in :func:`glob.glob` with ``recursive=True``.
+    """
+    if not glob.has_magic(pattern):
+        return [resolve(pattern, conn_id)]
+    if not is_remote(pattern):
+        return sorted(Path(p) for p in glob.glob(_strip_file_scheme(pattern), recursive=True))
+    folder = re.split(r"[*?\[]", pattern, maxsplit=1)[0].rpartition("/")[0]  # the part before any wildcard
+    return sorted(resolve(folder, conn_id).glob(pattern[len(folder) + 1 :]), key=str)
 
 
 def parse_roots(value: str) -> list[str]:

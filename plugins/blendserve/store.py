@@ -2,19 +2,24 @@
 
 Shards never write here; they write Parquet part files and the load step
 inserts them. Every insert is keyed on (run_id, request_id) and skips rows
-already there, so re-running a step never duplicates.
+already there, so re-running a step never duplicates. The Parquet files may be
+in object storage; the DuckDB file is always local (one writer, file locks).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable
 
 import duckdb
 
+from blendserve import storage
 from blendserve.model_prep import REPO_ROOT
+from blendserve.storage import PathLike
 
 SQL_DIR = REPO_ROOT / "sql"
 
@@ -28,8 +33,19 @@ def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnectio
     return con
 
 
-def _sql_list(paths: Iterable[Path]) -> str:
-    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
+@contextmanager
+def _parquet(con: duckdb.DuckDBPyConnection, paths: Sequence[PathLike]) -> Iterator[str]:
+    """What to select FROM for these Parquet files. DuckDB reads local files itself; object
+    storage comes through Arrow with the run's own credentials (DuckDB's httpfs would need its own)."""
+    if not any(storage.is_remote(p) for p in paths):
+        yield "read_parquet([" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "])"
+        return
+    name = f"parquet_{uuid.uuid4().hex}"
+    con.register(name, storage.parquet_dataset(paths))  # scanned in batches, never whole in memory
+    try:
+        yield name
+    finally:
+        con.unregister(name)
 
 
 def start_run(con: duckdb.DuckDBPyConnection, run_id: str, config_json: str) -> None:
@@ -45,41 +61,43 @@ def finish_run(con: duckdb.DuckDBPyConnection, run_id: str, status: str = "finis
     con.execute("UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?", [status, datetime.now(timezone.utc), run_id])
 
 
-def load_requests(con: duckdb.DuckDBPyConnection, run_id: str, requests_path: Path, rejects_path: Path) -> None:
-    con.execute(
-        f"""INSERT OR IGNORE INTO requests
-            SELECT ?, request_id, endpoint, num_prompt_tokens, max_tokens, temperature, top_p, seed,
-                   expected_output_tokens, metadata_json, source_file, source_row
-            FROM read_parquet({_sql_list([requests_path])})""",
-        [run_id],
-    )
-    con.execute(
-        f"""INSERT OR IGNORE INTO rejects
-            SELECT ?, source_file, source_row, raw, reason FROM read_parquet({_sql_list([rejects_path])})""",
-        [run_id],
-    )
+def load_requests(con: duckdb.DuckDBPyConnection, run_id: str, requests_path: PathLike,
+                  rejects_path: PathLike) -> None:
+    with _parquet(con, [requests_path]) as source:
+        con.execute(
+            f"""INSERT OR IGNORE INTO requests
+                SELECT ?, request_id, endpoint, num_prompt_tokens, max_tokens, temperature, top_p, seed,
+                       expected_output_tokens, metadata_json, source_file, source_row
+                FROM {source}""",
+            [run_id],
+        )
+    with _parquet(con, [rejects_path]) as source:
+        con.execute(f"INSERT OR IGNORE INTO rejects SELECT ?, source_file, source_row, raw, reason FROM {source}",
+                    [run_id])
 
 
-def load_outputs(con: duckdb.DuckDBPyConnection, run_id: str, part_files: list[Path]) -> int:
+def load_outputs(con: duckdb.DuckDBPyConnection, run_id: str, part_files: Sequence[PathLike]) -> int:
     """Insert shard part files; rows already loaded are skipped. Returns rows inserted."""
     if not part_files:
         return 0
     before = count_outputs(con, run_id)
-    con.execute(
-        f"""INSERT OR IGNORE INTO outputs
-            SELECT run_id, request_id, shard, status, text, output_token_ids, finish_reason,
-                   num_prompt_tokens, num_output_tokens, num_cached_tokens, error, engine,
-                   started_at, finished_at
-            FROM read_parquet({_sql_list(part_files)}) WHERE run_id = ?
-            -- a request is in one part file unless a crash re-ran it; keep its first result
-            QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY finished_at) = 1""",
-        [run_id],
-    )
+    with _parquet(con, part_files) as source:
+        con.execute(
+            f"""INSERT OR IGNORE INTO outputs
+                SELECT run_id, request_id, shard, status, text, output_token_ids, finish_reason,
+                       num_prompt_tokens, num_output_tokens, num_cached_tokens, error, engine,
+                       started_at, finished_at
+                FROM {source} WHERE run_id = ?
+                -- a request is in one part file unless a crash re-ran it; keep its first result
+                QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY finished_at) = 1""",
+            [run_id],
+        )
     return count_outputs(con, run_id) - before
 
 
 def count_outputs(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
-    return con.execute("SELECT count(*) FROM outputs WHERE run_id = ?", [run_id]).fetchone()[0]
+    # fetchall, not fetchone: an unfinished result would stop _parquet from registering an Arrow source
+    return con.execute("SELECT count(*) FROM outputs WHERE run_id = ?", [run_id]).fetchall()[0][0]
 
 
 def put_metrics(con: duckdb.DuckDBPyConnection, run_id: str, metrics: dict[str, float]) -> None:
@@ -98,14 +116,12 @@ def put_validation(con: duckdb.DuckDBPyConnection, run_id: str, results: list) -
     )
 
 
-def put_plan(con: duckdb.DuckDBPyConnection, run_id: str, plan_path: Path) -> None:
+def put_plan(con: duckdb.DuckDBPyConnection, run_id: str, plan_path: PathLike) -> None:
     """The plan as a table (re-planning a run replaces it)."""
     con.execute("DELETE FROM plan WHERE run_id = ?", [run_id])
-    con.execute(
-        f"""INSERT INTO plan SELECT ?, request_id, shard, position, est_output_tokens, answered_by
-            FROM read_parquet({_sql_list([plan_path])})""",
-        [run_id],
-    )
+    with _parquet(con, [plan_path]) as source:
+        con.execute(f"""INSERT INTO plan SELECT ?, request_id, shard, position, est_output_tokens, answered_by
+                        FROM {source}""", [run_id])
 
 
 def put_samples(con: duckdb.DuckDBPyConnection, run_id: str, estimates) -> None:
@@ -132,8 +148,9 @@ def fan_out_duplicates(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     return count_outputs(con, run_id) - before
 
 
-def put_timeline(con: duckdb.DuckDBPyConnection, run_id: str, files: list[Path]) -> None:
+def put_timeline(con: duckdb.DuckDBPyConnection, run_id: str, files: Sequence[PathLike]) -> None:
     """Engine statistics per interval and shard (re-loading a run replaces them)."""
     con.execute("DELETE FROM engine_timeline WHERE run_id = ?", [run_id])
     if files:
-        con.execute(f"INSERT INTO engine_timeline SELECT ?, * FROM read_parquet({_sql_list(files)})", [run_id])
+        with _parquet(con, files) as source:
+            con.execute(f"INSERT INTO engine_timeline SELECT ?, * FROM {source}", [run_id])

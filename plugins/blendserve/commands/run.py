@@ -13,6 +13,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--input", required=True, help="input file or glob (JSONL, OpenAI batch JSONL, CSV, Parquet)")
     p.add_argument("--engine", default="vllm", choices=["vllm", "transformers", "simulator"])
     p.add_argument("--db", required=True, help="DuckDB file the outputs land in")
+    p.add_argument("--work-dir", default="",
+                   help="run folder (requests, plan, part files): a path or s3://, gs:// URL (fsspec credentials "
+                        "from the environment); default <db folder>/runs/RUN_ID")
     p.add_argument("--run-id", default=None, help="re-use an id to resume a run (default: a new timestamped id)")
     p.add_argument("--policy", default="blendserve",
                    choices=["blendserve", "blendserve-nosplit", "dfs", "density", "fcfs", "balance"],
@@ -34,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = RunConfig(
         run_id=args.run_id or datetime.now().strftime("run-%Y%m%d-%H%M%S"),
-        input=args.input, db=args.db, engine=args.engine, policy=args.policy, shards=args.shards,
+        input=args.input, db=args.db, work_dir=args.work_dir, engine=args.engine, policy=args.policy, shards=args.shards,
         sample_rate=args.sample_rate, hardware=args.hardware, explain=not args.no_explain,
         default_max_tokens=args.max_tokens, max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,
     )

@@ -2,6 +2,8 @@
 
 Streams records in chunks (memory stays flat), rejects bad ones with a
 reason naming file and row, and checks that rows read = accepted + rejected.
+Inputs and outputs may be object-storage URLs; both Parquet files appear whole
+or not at all (``storage.staged_file``).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from blendserve import storage
 from blendserve.ingest.normalize import Limits, Normalized, Reject, normalize
 from blendserve.ingest.readers import RawRecord, expand_inputs, read_records
 from blendserve.ingest.tokenize import PromptTokenizer
 from blendserve.schema import REJECT_SCHEMA, REQUEST_SCHEMA
+from blendserve.storage import PathLike
 
 log = logging.getLogger(__name__)
 CHUNK_ROWS = 2048  # records tokenized and written together
@@ -37,15 +41,17 @@ class IngestReport:
             raise AssertionError(f"ingest lost rows: read {self.read} != accepted {self.accepted} + rejected {self.rejected}")
 
 
-def ingest(pattern: str, requests_path: Path, rejects_path: Path, tokenizer: PromptTokenizer, limits: Limits) -> IngestReport:
-    files = expand_inputs(pattern)
-    requests_path.parent.mkdir(parents=True, exist_ok=True)
-    sink = _Sink(requests_path, rejects_path, tokenizer, limits)
-    for path in files:
-        log.info("ingesting %s", path)
-        for record in read_records(path):
-            sink.add(record)
-    sink.close()
+def ingest(pattern: str, requests_path: PathLike, rejects_path: PathLike, tokenizer: PromptTokenizer,
+           limits: Limits, conn_id: str | None = None) -> IngestReport:
+    """``conn_id``: the Airflow connection for URL inputs and outputs (None: credentials from the environment)."""
+    files = expand_inputs(pattern, conn_id)
+    with storage.staged_file(requests_path) as requests_file, storage.staged_file(rejects_path) as rejects_file:
+        sink = _Sink(requests_file, rejects_file, tokenizer, limits)
+        for path in files:
+            log.info("ingesting %s", path)
+            for record in read_records(path):
+                sink.add(record)
+        sink.close()
     report = IngestReport(len(files), sink.read, sink.accepted, sink.rejected, str(requests_path), str(rejects_path))
     report.check()
     log.info("ingest: read %d, accepted %d, rejected %d", report.read, report.accepted, report.rejected)

@@ -7,12 +7,13 @@ A record that cannot even be read (bad JSON, bad UTF-8) comes out with its
 from __future__ import annotations
 
 import csv
-import glob
 import io
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
+
+from blendserve import storage
+from blendserve.storage import StoragePath
 
 RAW_LIMIT = 2000  # characters of the raw record kept for a reject
 NUMERIC_CSV_COLUMNS = {"max_tokens", "seed", "expected_output_tokens", "sim_output_tokens"}
@@ -29,16 +30,15 @@ class RawRecord:
     error: str | None = None  # why it could not be parsed
 
 
-def expand_inputs(pattern: str) -> list[Path]:
-    """A file or a glob, sorted, so runs are reproducible."""
-    paths = sorted(Path(p) for p in glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [Path(pattern)]
-    files = [p for p in paths if p.is_file()]
+def expand_inputs(pattern: str, conn_id: str | None = None) -> list[StoragePath]:
+    """A file or a glob, local or a URL, sorted, so runs are reproducible."""
+    files = [p for p in storage.expand(pattern, conn_id) if p.is_file()]
     if not files:
         raise FileNotFoundError(f"no input files match {pattern!r}")
     return files
 
 
-def read_records(path: Path) -> Iterator[RawRecord]:
+def read_records(path: StoragePath) -> Iterator[RawRecord]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
         yield from _read_jsonl(path)
@@ -54,8 +54,8 @@ def _truncate(text: str) -> str:
     return text if len(text) <= RAW_LIMIT else text[:RAW_LIMIT] + f"... [{len(text)} chars]"
 
 
-def _read_jsonl(path: Path) -> Iterator[RawRecord]:
-    with open(path, "rb") as f:
+def _read_jsonl(path: StoragePath) -> Iterator[RawRecord]:
+    with path.open("rb") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue  # blank lines are not records
@@ -76,9 +76,8 @@ def _read_jsonl(path: Path) -> Iterator[RawRecord]:
             yield RawRecord(str(path), number, _truncate(text.rstrip("\n")), data)
 
 
-def _read_csv(path: Path) -> Iterator[RawRecord]:
-    with open(path, "rb") as f:
-        raw_bytes = f.read()
+def _read_csv(path: StoragePath) -> Iterator[RawRecord]:
+    raw_bytes = path.read_bytes()
     try:
         text = raw_bytes.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -119,12 +118,13 @@ def _parse(value: str, parse, column: str):
         raise ValueError(f"column {column!r} has {value[:50]!r}, which is not a valid {getattr(parse, '__name__', 'value')}")
 
 
-def _read_parquet(path: Path) -> Iterator[RawRecord]:
+def _read_parquet(path: StoragePath) -> Iterator[RawRecord]:
     import pyarrow.parquet as pq
 
     number = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-        for row in batch.to_pylist():
-            number += 1
-            data = {k: v for k, v in row.items() if v is not None}
-            yield RawRecord(str(path), number, _truncate(json.dumps(data, default=str, ensure_ascii=False)), data)
+    with path.open("rb") as f:
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                number += 1
+                data = {k: v for k, v in row.items() if v is not None}
+                yield RawRecord(str(path), number, _truncate(json.dumps(data, default=str, ensure_ascii=False)), data)
