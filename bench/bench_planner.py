@@ -1,6 +1,6 @@
 """Scale of the planner: tree, sort and split, dual scan and shards for 10k, 100k and 1M requests.
 
-    .venv/bin/python bench/bench_planner.py [--sizes 10000 100000 1000000] [--shards 8]
+    .venv/bin/python bench/bench_planner.py [--sizes 10000 100000 1000000] [--shards 8] [--out]
 
 Each size runs in a fresh process (so peak memory is its own): synthetic
 requests with a mean prompt of 500 tokens, 60% of it in shared family
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
-import sys
 import time
+
+from common import in_fresh_process, peak_rss_gb, write_result
 
 TARGET_SECONDS, TARGET_GB = 60.0, 4.0
 
@@ -33,7 +32,7 @@ def one(n: int, shards: int) -> dict:
     started = time.perf_counter()
     plan = build_plan(batch, cost, kv_capacity_tokens(cost, SimConfig()), shards=shards)
     wall = time.perf_counter() - started
-    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB
+    peak_gb = peak_rss_gb()
     return {
         "requests": n, "mean_prompt": float(batch.prompt_lens.mean()), "plan_s": wall, "stages": plan.timings,
         "peak_gb": peak_gb, "batch_gb": batch_gb, "nodes": plan.tree.n_nodes,
@@ -46,6 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--out", action="store_true", help="write bench/results/planner.json")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -53,15 +53,18 @@ def main() -> None:
         return
     print(f"{'requests':>10}{'plan s':>9}{'tree':>7}{'split':>7}{'dual':>7}{'shards':>7}"
           f"{'peak GB':>9}{'batch GB':>10}{'moved':>7}{'sharing':>9}{'imbal.':>8}")
+    rows = []
     for n in args.sizes:
-        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--shards", str(args.shards)],
-                             check=True, capture_output=True, text=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
+        r = in_fresh_process(__file__, ["--one", str(n), "--shards", str(args.shards)])
+        rows.append(r)
         s = r["stages"]
         print(f"{n:>10,}{r['plan_s']:>9.1f}{s['prefix_tree']:>7.1f}{s['sort_split']:>7.1f}{s['dual_scan']:>7.1f}"
               f"{s['shards']:>7.2f}{r['peak_gb']:>9.2f}{r['batch_gb']:>10.2f}{r['moved']:>7}"
-              f"{r['sharing_kept']:>9.2%}{r['imbalance']:>8.3f}")
+              f"{r['sharing_kept']:>9.2%}{r['imbalance']:>8.3f}", flush=True)
     print(f"targets at 1M: plan <= {TARGET_SECONDS:.0f} s, peak <= {TARGET_GB:.0f} GB (2 cores)")
+    if args.out:
+        write_result("planner", {"shards": args.shards, "targets": {"plan_s": TARGET_SECONDS, "peak_gb": TARGET_GB},
+                                 "rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Warm-up sampling in the simulator: BlendServe with lengths from a sample vs true lengths vs max_tokens.
 
-    .venv/bin/python bench/bench_sampling.py [--requests 10000] [--rates 0.001,0.01,0.1,1] [--workloads ...]
+    .venv/bin/python bench/bench_sampling.py [--requests 10000] [--rates 0.001,0.01,0.1,1] [--workloads ...] [--out]
 
 Workloads with real output lengths from ../shared/data:
 
@@ -34,7 +34,7 @@ import numpy as np
 
 from blendserve.admission import StaticOrder
 from blendserve.batch import UNKNOWN, RequestBatch
-from blendserve.costmodel import CostModel, get_hardware, get_model
+from blendserve.costmodel import CostModel
 from blendserve.model_prep import cache_root
 from blendserve.planner import default_output_estimates
 from blendserve.planner.prefix_tree import build_prefix_tree
@@ -47,6 +47,7 @@ from blendserve.sim.compare import true_outputs
 from blendserve.sim.simulator import kv_capacity_tokens
 from blendserve.workload import WorkloadSpec, build_workload
 from blendserve.workload_sources import data_root, system_prompt
+from common import SETUPS, write_result
 
 # (short prompts, rewrites, refiner): line-aligned files of vbench_t2v_prompts/.
 REWRITE_PAIRS = (
@@ -160,7 +161,7 @@ def run_inline(batch: RequestBatch, outputs: np.ndarray, run: np.ndarray, rest: 
 
 
 def bench_workload(name: str, batch: RequestBatch, rates: list[float], cost: CostModel, config: SimConfig,
-                   seed: int) -> None:
+                   seed: int) -> dict:
     outputs = true_outputs(batch)
     tokens = float(batch.prompt_lens.sum() + outputs.sum())
     started = time.perf_counter()
@@ -169,24 +170,29 @@ def bench_workload(name: str, batch: RequestBatch, rates: list[float], cost: Cos
     print(f"\n== {name}: {len(batch):,} requests, {int(batch.prompt_lens.sum()):,} in / {int(outputs.sum()):,} out tokens, "
           f"mean output {outputs.mean():.0f}, max_tokens mean {batch.max_tokens.mean():.0f}")
     print(f"{'estimates':<24} {'sampled':>8} {'time s':>9} {'tok/s':>9} {'vs oracle':>9} {'MAPE':>7} {'bias':>7}")
-    _line("oracle (true lengths)", "-", t_oracle, tokens, t_oracle)
-    _line("max_tokens (none)", "-", t_max, tokens, t_oracle)
+    rows = [_line("oracle (true lengths)", None, t_oracle, tokens, t_oracle),
+            _line("max_tokens (none)", None, t_max, tokens, t_oracle)]
     for rate in rates:
         r = run_sampled(batch, outputs, rate, cost, config, seed)
         overall = r["report"][0]
-        _line(f"{rate:.1%} est-only", r["sampled"], r["est_only_s"], tokens, t_oracle, overall.mape, overall.bias)
-        _line(f"{rate:.1%} +warm-up", r["sampled"], r["phased_s"], tokens, t_oracle, overall.mape, overall.bias)
-        _line(f"{rate:.1%} inline warm-up", r["sampled"], r["inline_s"], tokens, t_oracle, overall.mape, overall.bias)
+        for label, key in (("est-only", "est_only_s"), ("+warm-up", "phased_s"), ("inline warm-up", "inline_s")):
+            rows.append(_line(f"{rate:.1%} {label}", r["sampled"], r[key], tokens, t_oracle, overall.mape, overall.bias))
         if rate == 0.01:
             print("   1% estimate error by source subtree (largest 5):")
             print("   " + report_text(r["report"][:6]).replace("\n", "\n   "))
     print(f"   (bench wall {time.perf_counter() - started:.0f} s)")
+    return {"workload": name, "requests": len(batch), "input_tokens": int(batch.prompt_lens.sum()),
+            "output_tokens": int(outputs.sum()), "rows": rows}
 
 
-def _line(label: str, sampled: object, t: float, tokens: float, t_oracle: float, mape: float | None = None,
-          bias: float | None = None) -> None:
+def _line(label: str, sampled: int | None, t: float, tokens: float, t_oracle: float, mape: float | None = None,
+          bias: float | None = None) -> dict:
+    """Print one row of the table and return it."""
     err = f"{mape:>7.1%} {bias:>+7.1%}" if mape is not None else f"{'':>7} {'':>7}"
-    print(f"{label:<24} {str(sampled):>8} {t:>9.1f} {tokens / t:>9.0f} {t_oracle / t:>9.1%} {err}")
+    shown = "-" if sampled is None else str(sampled)
+    print(f"{label:<24} {shown:>8} {t:>9.1f} {tokens / t:>9.0f} {t_oracle / t:>9.1%} {err}")
+    return {"estimates": label, "sampled": sampled, "time_s": t, "throughput": tokens / t, "vs_oracle": t_oracle / t,
+            "mape": mape, "bias": bias}
 
 
 def main() -> None:
@@ -195,12 +201,16 @@ def main() -> None:
     ap.add_argument("--rates", default="0.001,0.01,0.1,1")
     ap.add_argument("--workloads", default="azure-conv,vbench-rewrite,mix")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", action="store_true", help="write bench/results/sampling.json")
     args = ap.parse_args()
-    cost = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
+    cost = SETUPS["8b"].cost()
     config = SimConfig()
     rates = [float(r) for r in args.rates.split(",") if r]
-    for name, batch in workloads(args.workloads.split(","), args.requests, cost).items():
-        bench_workload(name, batch, rates, cost, config, args.seed)
+    results = [bench_workload(name, batch, rates, cost, config, args.seed)
+               for name, batch in workloads(args.workloads.split(","), args.requests, cost).items()]
+    if args.out:
+        write_result("sampling", {"setup": SETUPS["8b"].label, "policy": POLICY, "rates": rates,
+                                  "workloads": results})
 
 
 if __name__ == "__main__":

@@ -1,50 +1,75 @@
-"""Time the step simulator on a 100,000-request workload (median of a few runs).
+"""Time and peak memory of the step simulator at several sizes (median of a few runs per size).
 
-    .venv/bin/python bench/bench_simulator.py [--requests 100000] [--mix d1.4-s35] [--runs 3]
+    .venv/bin/python bench/bench_simulator.py [--sizes 100000] [--workload synthetic|d1.4-s35|...] [--runs 3] [--out]
 
-Builds the workload from ../shared/data once (cached in .cache/bench/), then
-simulates it with the fcfs policy on Llama-3.1-8B / A100-80G.
+Each size runs in a fresh process (so peak memory is its own) and simulates
+the workload in input order (fcfs) on Llama-3.1-8B / A100-80G. ``synthetic``
+is the planner bench's generator (500-token prompts, families sharing a
+prefix; cheap to make at 1M); a mix name builds that paper mix from
+../shared/data once (cached in .cache/bench/; about 3 GB at 1M).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
+import numpy as np
+
 from blendserve.admission import StaticOrder
 from blendserve.batch import RequestBatch
-from blendserve.costmodel import CostModel, get_hardware, get_model
-from blendserve.model_prep import cache_root
 from blendserve.sim import SimConfig, simulate
 from blendserve.sim.compare import true_outputs
-from blendserve.workload import MIXES, WorkloadSpec, build_workload
-from blendserve.workload_sources import data_root
+from blendserve.workload import MIXES
+from common import SETUPS, in_fresh_process, load_mix, peak_rss_gb, write_result
+
+
+def workload(name: str, n: int) -> RequestBatch:
+    if name == "synthetic":
+        from blendserve.planner.synthetic import synthetic_batch
+
+        return synthetic_batch(n, mean_prompt=500)
+    return load_mix(name, n, SETUPS["8b"])[0]
+
+
+def one(name: str, n: int, runs: int) -> dict:
+    """Simulate ``runs`` times in this process; the figures of one size."""
+    batch = workload(name, n)
+    outputs, cost = true_outputs(batch), SETUPS["8b"].cost()
+    walls, result = [], None
+    for _ in range(runs):
+        started = time.perf_counter()
+        result = simulate(batch, outputs, cost, StaticOrder(np.arange(len(batch))), SimConfig())
+        walls.append(time.perf_counter() - started)
+    return {"requests": n, "input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
+            "simulated_s": result.total_time, "steps": result.steps, "segments": len(result.timeline.duration),
+            "preemptions": result.preemptions, "walls": walls, "wall_s": statistics.median(walls),
+            "peak_gb": peak_rss_gb(), "batch_gb": (batch.tokens.nbytes + batch.token_offsets.nbytes) / 1e9}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=100_000)
-    ap.add_argument("--mix", default="d1.4-s35", choices=sorted(MIXES))
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100_000])
+    ap.add_argument("--workload", default="synthetic", choices=["synthetic", *sorted(MIXES)])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", action="store_true", help="write bench/results/simulator.json")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    cost = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
-    path = cache_root() / "bench" / f"{args.mix}-{args.requests}.parquet"
-    if not path.exists():
-        density, sharing = MIXES[args.mix]
-        build_workload(WorkloadSpec(args.requests, density, sharing, name=args.mix), path, cost, data_root())
-    batch = RequestBatch.from_parquet(path)
-    outputs = true_outputs(batch)
-    walls, result = [], None
-    for _ in range(args.runs):
-        started = time.perf_counter()
-        result = simulate(batch, outputs, cost, StaticOrder(range(len(batch))), SimConfig())
-        walls.append(time.perf_counter() - started)
-    print(f"workload   {path} ({len(batch):,} requests, {result.input_tokens:,} in / {result.output_tokens:,} out)")
-    print(f"simulated  {result.total_time:,.1f} s in {result.steps:,} engine steps, "
-          f"{len(result.timeline.duration):,} timeline segments, {result.preemptions} preemptions")
-    print(f"wall       median {statistics.median(walls):.1f} s over {args.runs} runs: "
-          + ", ".join(f"{w:.1f}" for w in walls))
+    if args.one:
+        print(json.dumps(one(args.workload, args.one, args.runs)))
+        return
+    print(f"{'requests':>10}{'tokens in':>14}{'out':>12}{'sim s':>10}{'steps':>10}{'segments':>10}"
+          f"{'wall s':>8}{'peak GB':>9}{'batch GB':>10}")
+    rows = []
+    for n in args.sizes:
+        r = in_fresh_process(__file__, ["--one", str(n), "--workload", args.workload, "--runs", str(args.runs)])
+        rows.append(r)
+        print(f"{n:>10,}{r['input_tokens']:>14,}{r['output_tokens']:>12,}{r['simulated_s']:>10,.0f}{r['steps']:>10,}"
+              f"{r['segments']:>10,}{r['wall_s']:>8.1f}{r['peak_gb']:>9.2f}{r['batch_gb']:>10.2f}", flush=True)
+    if args.out:
+        write_result("simulator", {"workload": args.workload, "runs": args.runs, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,147 @@
+"""What the benches share: the simulated setups, cached mix files, and the provenance every result carries.
+
+Each bench prints its table and, with ``--out``, writes a JSON result under
+bench/results/ (``write_result`` adds the machine, versions and command);
+bench/render.py turns those files into docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from blendserve.batch import RequestBatch
+from blendserve.costmodel import CostModel, get_hardware, get_model
+from blendserve.model_prep import cache_root
+from blendserve.workload import (
+    MIXES, MixReport, WorkloadSpec, load_pools, mix_report, plan_requests, write_workload,
+)
+from blendserve.workload_sources import Pool, data_root
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+IMG = REPO / "docs" / "img"
+# The code whose uncommitted changes move simulated numbers; provenance lists those files.
+NUMBERS_CODE = ["plugins/blendserve/" + p for p in ("planner", "sim", "costmodel", "sampling", "policies.py",
+                                                    "admission.py", "batch.py", "workload.py", "workload_sources.py")]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A model on a hardware group, as the cost model and the simulator see it."""
+
+    key: str  # short name in file names and tables
+    model: str  # catalog model name (costmodel.get_model)
+    hardware: str  # catalog accelerator name (costmodel.get_hardware)
+    tp: int  # tensor-parallel degree: F, B and memory scale with it (costmodel.HardwareSpec.tp_scale)
+    label: str  # how tables name it
+
+    def cost(self) -> CostModel:
+        return CostModel(get_model(self.model), get_hardware(self.hardware, tp=self.tp))
+
+
+SETUPS: dict[str, Setup] = {
+    "8b": Setup("8b", "llama-3.1-8b", "a100-80g", 1, "Llama-3.1-8B on 1x A100-80G"),
+    "70b": Setup("70b", "llama-3.1-70b", "a100-80g", 8, "Llama-3.1-70B on 8x A100-80G (TP 8)"),
+}
+
+
+def mix_path(name: str, requests: int, setup: Setup) -> Path:
+    # the 8B files keep the name the earlier benches cached them under
+    prefix = "" if setup.key == "8b" else f"{setup.key}-"
+    return cache_root() / "bench" / f"{prefix}{name}-{requests}.parquet"
+
+
+@functools.cache
+def pools() -> dict[str, Pool]:
+    """The three source pools, loaded once per process (10-30 s each time on 2 cores)."""
+    return load_pools(WorkloadSpec(1, 1.0, 0.1), data_root())
+
+
+def write_mix(spec: WorkloadSpec, path: Path, cost: CostModel) -> MixReport:
+    """build_workload on the pools already loaded."""
+    plan = plan_requests(spec, pools(), cost)
+    write_workload(plan, pools(), spec, path)
+    return mix_report(plan, pools(), spec, cost)
+
+
+def load_mix(name: str, requests: int, setup: Setup) -> tuple[RequestBatch, dict]:
+    """A paper mix built for ``setup`` (density solved on that model and hardware), cached with its achieved
+    density and sharing (the MixReport, beside the file)."""
+    path = mix_path(name, requests, setup)
+    report = path.with_suffix(".mix.json")
+    if not path.exists() or not report.exists():
+        density, sharing = MIXES[name]
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(write_mix(WorkloadSpec(requests, density, sharing, name=name), path, setup.cost()).to_json())
+    return RequestBatch.from_parquet(path), json.loads(report.read_text())
+
+
+def _git(*args: str) -> str:
+    try:
+        # rstrip only: porcelain lines start with a status column that may be a space
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.rstrip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def provenance() -> dict:
+    """Machine, versions and command of this process; uncommitted changes to NUMBERS_CODE are listed, not hidden."""
+    dirty = [line[3:] for line in _git("status", "--porcelain", "--", *NUMBERS_CODE).splitlines() if line]
+    return {
+        "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+        "numpy": np.__version__, "commit": _git("rev-parse", "--short", "HEAD"), "uncommitted": dirty,
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join([".venv/bin/python", *sys.argv]),
+    }
+
+
+def write_result(name: str, data: dict) -> Path:
+    """bench/results/<name>.json with the provenance block added."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"provenance": provenance(), **data}, indent=1, default=_plain) + "\n")
+    print(f"wrote {path.relative_to(REPO)}")
+    return path
+
+
+def _plain(value: object) -> object:
+    """numpy scalars and arrays as JSON."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def img_path(name: str) -> Path:
+    IMG.mkdir(parents=True, exist_ok=True)
+    return IMG / name
+
+
+def in_fresh_process(script: str, args: list[str]) -> dict:
+    """Run ``script`` with ``args`` in its own interpreter (so its peak memory is its own); its last line is JSON."""
+    out = subprocess.run([sys.executable, script, *args], check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def peak_rss_gb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB

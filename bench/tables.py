@@ -1,0 +1,137 @@
+"""Markdown for each bench's result file: its tables, figures and provenance line (used by render.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def summarize(mixes: list[dict], policies: list[str]) -> dict:
+    """BlendServe's means over the mixes, the way the paper averages them, and against the best other policy."""
+    rows = [{r["policy"]: r for r in m["policies"]} for m in mixes]
+    others = [p for p in policies if not p.startswith("blendserve")]
+    best_other = [min(others, key=lambda p: r[p]["time_s"]) for r in rows]
+    vs_best = [r[b]["time_s"] / r["blendserve"]["time_s"] for b, r in zip(best_other, rows)]
+    return {
+        "opt": float(np.mean([r["blendserve"]["fraction_of_optimum"] for r in rows])),
+        "dfs_opt": float(np.mean([r["dfs"]["fraction_of_optimum"] for r in rows])),
+        "speedup": float(np.mean([r["dfs"]["time_s"] / r["blendserve"]["time_s"] for r in rows])),
+        "sharing": float(np.mean([r["blendserve"]["sharing_vs_dfs"] for r in rows])),
+        "balance_sharing": float(np.mean([r["balance"]["sharing_vs_dfs"] for r in rows])),
+        "vs_best_other": float(np.mean(vs_best)), "vs_best_baseline": float(min(vs_best)),
+        "best_other": sorted(set(best_other)),
+    }
+
+
+def provenance(data: dict) -> str:
+    """Machine, versions and the command, under every table."""
+    p = data["provenance"]
+    dirty = f", uncommitted: {', '.join(p['uncommitted'])}" if p["uncommitted"] else ""
+    return (f"<sub>Machine: {p['cpu']}, {p['cores']} cores, no GPU. Python {p['python']}, numpy {p['numpy']}, "
+            f"blendserve {p['commit']}{dirty}. Run {p['date']}: `{p['command']}`</sub>")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def image(name: str, alt: str) -> str:
+    return f"![{alt}](img/{name})"
+
+
+def _rows(mix: dict) -> dict[str, dict]:
+    return {r["policy"]: r for r in mix["policies"]}
+
+
+def policies_section(data: dict) -> str:
+    policies, mixes = data["policies"], data["mixes"]
+    first = mixes[0]
+    intro = (f"{data['setup']}: {data['requests']:,} requests per mix, KV capacity {first['kv_capacity_tokens']:,} "
+             f"tokens, token budget {first['token_budget']} per step, estimates: {data['estimates']}. Throughput "
+             "in tokens/s (input + output) of every policy from one run per mix, and the optimum `T_opt`:")
+    tput = table(["mix", "achieved density / sharing", "tokens in / out", "optimum", *policies],
+                 [[m["mix"], f"{m['achieved']['density']:.2f} / {m['achieved']['sharing']:.0%}",
+                   f"{m['input_tokens'] / 1e6:.1f}M / {m['output_tokens'] / 1e6:.1f}M",
+                   f"{(m['input_tokens'] + m['output_tokens']) / m['t_opt_s']:,.0f}",
+                   *[f"{_rows(m)[p]['throughput']:,.0f}" for p in policies]] for m in mixes])
+    ratio = table(["mix", *policies],
+                  [[m["mix"], *[_ratios(_rows(m), p) for p in policies]] for m in mixes])
+    s = summarize(mixes, policies)
+    means = (f"BlendServe, mean over the mixes: {s['opt']:.1%} of optimum (paper {data['paper']['opt']:.2%}), "
+             f"{s['speedup']:.2f}x over dfs (paper 1.21x over its best DFS system), {s['sharing']:.1%} of dfs "
+             f"prefix sharing (paper > 97%); dfs alone {s['dfs_opt']:.1%} of optimum. Against the best other policy "
+             f"on each mix ({' or '.join(s['best_other'])} here): {s['vs_best_other']:.2f}x on average, {s['vs_best_baseline']:.2f}x on "
+             "the worst mix.")
+    figures = "\n\n".join(image(name, name.removesuffix(".png")) for name in data["pngs"])
+    return "\n\n".join([intro, tput, "Per policy: fraction of optimum / speed-up over dfs / prefix sharing "
+                        "(cache-hit tokens) relative to dfs:", ratio, means, figures, provenance(data)])
+
+
+def _ratios(rows: dict[str, dict], name: str) -> str:
+    r = rows[name]
+    return f"{r['fraction_of_optimum']:.1%} / {rows['dfs']['time_s'] / r['time_s']:.2f} / {r['sharing_vs_dfs']:.0%}"
+
+
+def timeline_section(data: dict) -> str:
+    rows = [[r["policy"], f"{r['time_s']:,.0f}", f"{r['mean_compute_util']:.1%}", f"{r['mean_memory_util']:.1%}"]
+            for r in data["rows"]]
+    intro = (f"{data['mix']}, {data['requests']:,} requests, {data['setup']}: compute and memory-bandwidth "
+             "utilization per time bin (busy seconds of the resource over the bin), dfs above, blendserve below.")
+    return "\n\n".join([intro, image(data["png"], "utilization over time, dfs and blendserve"),
+                        table(["policy", "time s", "mean compute", "mean memory"], rows), provenance(data)])
+
+
+def grid_section(data: dict) -> str:
+    cells = data["cells"]
+    densities = sorted({c["density"] for c in cells})
+    sharings = sorted({c["sharing"] for c in cells})
+    at = {(c["density"], c["sharing"]): c for c in cells}
+    rows = [[f"{d:.2f}", *[f"{at[d, s]['speedup']:.2f}" for s in sharings]] for d in densities]
+    speedups = [c["speedup"] for c in cells]
+    drift = max(abs(c["achieved_density"] - c["density"]) for c in cells)
+    intro = (f"{data['setup']}, {len(cells)} mixes of {data['requests']:,} requests each (the paper: 40,000; "
+             f"quick mode uses fewer). Speed-up of blendserve over dfs; mean {sum(speedups) / len(speedups):.3f}x, "
+             f"min {min(speedups):.3f}x, max {max(speedups):.3f}x. Cells are labelled by the target density and "
+             f"sharing; the achieved density drifts from its target by up to {drift:.2f} at this size "
+             "(both are in the JSON).")
+    return "\n\n".join([intro, image(data["png"], "speed-up heatmap"),
+                        table(["density \\ sharing", *[f"{s:.0%}" for s in sharings]], rows), provenance(data)])
+
+
+def sampling_section(data: dict) -> str:
+    parts = [f"{data['setup']}, policy {data['policy']}. Each rate: `est-only` plans with the sample's estimates "
+             "and runs everything in one batch; `+warm-up` runs the sample first as its own phase (its time "
+             "added); `inline warm-up` runs it inside the job's one engine run. `vs oracle`: throughput "
+             "relative to planning with the true lengths."]
+    for w in data["workloads"]:
+        rows = [[r["estimates"], "-" if r["sampled"] is None else f"{r['sampled']:,}", f"{r['throughput']:,.0f}",
+                 f"{r['vs_oracle']:.1%}", "" if r["mape"] is None else f"{r['mape']:.1%}",
+                 "" if r["bias"] is None else f"{r['bias']:+.1%}"] for r in w["rows"]]
+        parts.append(f"**{w['workload']}**: {w['requests']:,} requests, {w['input_tokens']:,} tokens in, "
+                     f"{w['output_tokens']:,} out.")
+        parts.append(table(["estimates", "sampled", "tokens/s", "vs oracle", "MAPE", "bias"], rows))
+    return "\n\n".join(parts + [provenance(data)])
+
+
+def planner_section(data: dict) -> str:
+    rows = [[f"{r['requests']:,}", f"{r['plan_s']:.1f}", f"{r['stages']['prefix_tree']:.1f}",
+             f"{r['stages']['sort_split']:.1f}", f"{r['stages']['dual_scan']:.1f}", f"{r['stages']['shards']:.2f}",
+             f"{r['peak_gb']:.2f}", f"{r['batch_gb']:.2f}", f"{r['sharing_kept']:.1%}", f"{r['imbalance']:.3f}"]
+            for r in data["rows"]]
+    t = data["targets"]
+    intro = (f"Synthetic requests (mean prompt 500 tokens, 60% in shared family prefixes), {data['shards']} shards, "
+             f"each size in a fresh process. Targets at 1M: plan <= {t['plan_s']:.0f} s, peak <= {t['peak_gb']:.0f} GB.")
+    header = ["requests", "plan s", "tree", "sort+split", "dual scan", "shards", "peak GB", "token ids GB",
+              "sharing kept", "shard imbalance"]
+    return "\n\n".join([intro, table(header, rows), provenance(data)])
+
+
+def simulator_section(data: dict) -> str:
+    rows = [[f"{r['requests']:,}", f"{r['input_tokens'] / 1e6:,.1f}M / {r['output_tokens'] / 1e6:,.1f}M",
+             f"{r['simulated_s']:,.0f}", f"{r['steps']:,}", f"{r['segments']:,}", f"{r['wall_s']:.1f}",
+             f"{r['peak_gb']:.2f}", f"{r['batch_gb']:.2f}"] for r in data["rows"]]
+    intro = (f"Workload `{data['workload']}` in input order on Llama-3.1-8B / A100-80G, each size in a fresh "
+             f"process, wall time the median of {data['runs']} run(s).")
+    header = ["requests", "tokens in / out", "simulated s", "engine steps", "timeline segments", "wall s",
+              "peak GB", "token ids GB"]
+    return "\n\n".join([intro, table(header, rows), provenance(data)])

@@ -1,0 +1,24 @@
+"""The benchmark page renders from the committed result files (their format and the renderer agree)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def test_render_has_every_section(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import render
+
+    page = render.render()
+    for title in ("Headline against the paper", "Paper mixes: Llama-3.1-8B", "Paper mixes: Llama-3.1-70B",
+                  "Sensitivity grid", "Warm-up sampling", "Planner scaling", "Simulator scaling"):
+        assert f"## {title}" in page
+    for result in render.RESULTS.glob("*.json"):
+        # a result file that exists must be rendered, not reported missing
+        assert f"writes `bench/results/{result.name}`" not in page
+    for image in (line for line in page.splitlines() if line.startswith("![")):
+        assert (render.DOCS / image.split("](", 1)[1].rstrip(")")).exists(), image
+    sys.modules.pop("render", None)
