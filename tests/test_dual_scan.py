@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blendserve.admission import EngineState
-from blendserve.planner.dual_scan import RIGHT, DualScanController, ScanItems, memory_split, static_dual_scan_order
+from blendserve.planner.dual_scan import LEFT, RIGHT, DualScanController, ScanItems, memory_split, static_dual_scan_order
 from blendserve.planner.dual_scan_projected import ProjectedDualScan, projected_peak
 
 STATE = EngineState(running=0, waiting=0, kv_used_tokens=0, kv_total_tokens=0)
@@ -93,6 +93,51 @@ def test_projected_peak_counts_growth_until_each_request_ends() -> None:
     assert projected_peak(np.array([10.0, 50.0]), np.array([100.0, 5.0])) == 109.0
     assert projected_peak(np.array([10.0, 50.0]), np.array([3.0, 5.0])) == 12.0 + 52.0  # tau = 2
     assert projected_peak(np.zeros(0), np.zeros(0)) == 0.0
+    assert projected_peak(np.array([10.0, 50.0]), np.array([100.0, 5.0]), horizon=2.0) == 12.0 + 52.0
+
+
+def _blend_items(n_left: int, n_right: int, target: float) -> ScanItems:
+    # Left: 300-token prompts with 10-token outputs (density 10); right: 10-token prompts, 4000-token decodes.
+    output = np.concatenate([np.full(n_left, 10.0), np.full(n_right, 4000.0)])
+    n = n_left + n_right
+    return ScanItems(
+        requests=np.arange(n), group=(np.arange(n) >= n_left).astype(np.int64), group_density=np.array([10.0, 0.1]),
+        kv_charge=np.concatenate([np.full(n_left, 300.0), np.full(n_right, 10.0)]) + output,
+        target_density=target, output_est=output,
+    )
+
+
+def _side_peak(controller: ProjectedDualScan, side: int, horizon: float = np.inf) -> float:
+    return projected_peak(*controller._side_state(side), horizon=horizon)
+
+
+def test_left_side_borrows_what_the_right_side_will_not_reach_in_its_lifetime() -> None:
+    items = _blend_items(60, 10, target=1.0)  # rho_t >= 1: not paced
+    controller = ProjectedDualScan(items, 10_000, lookahead=1)  # the right cursor strictly in order
+    assert controller.share[LEFT] == pytest.approx(909.1, abs=0.1)  # M (1 - 0.1) / (10 - 0.1)
+    for _ in range(40):
+        if controller.next_request(STATE) is None:
+            break
+        left_horizon = max(controller._side_state(LEFT)[1].max(initial=0.0), 1.0)
+        # The invariant: the left's projected peak plus the right's KV within the left's lifetime fits the KV.
+        assert _side_peak(controller, LEFT) + _side_peak(controller, RIGHT, left_horizon) <= controller.capacity
+    assert _side_peak(controller, RIGHT) > 2 * 4000  # two long decodes projected to ~8,000 of 10,000 tokens
+    assert _side_peak(controller, LEFT) > controller.share[LEFT]  # more than M_L: borrowed from the right's future
+
+
+def test_memory_bound_job_paces_the_left_side_by_memory_progress() -> None:
+    items = _blend_items(60, 10, target=0.5)  # rho_t < 1: memory decides the end
+    controller = ProjectedDualScan(items, 12_000, lookahead=1, pace_slack=0.02)
+    admitted = [controller.next_request(STATE) for _ in range(40)]
+    assert None in admitted
+    first_stall = admitted.index(None)
+    right = [i for i in admitted[:first_stall] if i >= 60]
+    assert right, "the right side starts while the left is paced"
+    total = 60 * 310.0 + 10 * 4010.0
+    assert controller.compute_admitted / total <= 0.02 + 310.0 / total  # one admission past the slack at most
+    for index in right:
+        controller.on_progress(index, 2000)  # half of each decode done: memory progress moves
+    assert controller.next_request(STATE) is not None
 
 
 def _memory_heavy_items(n: int, output: float) -> ScanItems:
@@ -105,7 +150,7 @@ def _memory_heavy_items(n: int, output: float) -> ScanItems:
 
 def test_projected_scan_staggers_long_decodes_that_peak_charges_would_hold_back() -> None:
     items = _memory_heavy_items(40, output=1000.0)
-    peak, projected = DualScanController(items, 5000), ProjectedDualScan(items, 5000)
+    peak, projected = DualScanController(items, 5000), ProjectedDualScan(items, 5000, headroom=0.0)
     assert sum(peak.next_request(STATE) is not None for _ in range(10)) == 4  # 4 x 1010 tokens of 5000
     started = [projected.next_request(STATE) for _ in range(10)]
     assert sum(i is not None for i in started) == 4  # started together they peak together: no more room
@@ -128,8 +173,8 @@ def _long_then_short_items(n_long: int, n_short: int) -> ScanItems:
 
 def test_right_window_puts_short_decodes_beside_the_long_wave() -> None:
     items = _long_then_short_items(n_long=10, n_short=10)
-    in_order = ProjectedDualScan(items, 2100, lookahead=1)
-    window = ProjectedDualScan(items, 2100, lookahead=16)
+    in_order = ProjectedDualScan(items, 2100, lookahead=1, headroom=0.0)
+    window = ProjectedDualScan(items, 2100, lookahead=16, headroom=0.0)
     # Two long decodes peak at 2 x 1009 = 2018 of 2100: strictly in order nothing else fits until they end.
     assert [in_order.next_request(STATE) for _ in range(3)] == [20, 19, None]
     first = [window.next_request(STATE) for _ in range(3)]

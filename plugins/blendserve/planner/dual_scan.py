@@ -113,9 +113,9 @@ class DualScanController:
         """The side to admit from: the one with room, or with relatively more room when both have some."""
         if not (fits_left or fits_right):
             return None
-        if fits_left and fits_right:
-            room_left = 1.0 - self._load(LEFT) / self.share[LEFT]
-            room_right = 1.0 - self._load(RIGHT) / self.share[RIGHT]
+        if fits_left and fits_right:  # a side may fit with no share (an empty side, a borrowing one)
+            room_left = 1.0 - self._load(LEFT) / max(self.share[LEFT], 1.0)
+            room_right = 1.0 - self._load(RIGHT) / max(self.share[RIGHT], 1.0)
             return LEFT if room_left >= room_right else RIGHT
         return LEFT if fits_left else RIGHT
 
