@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blendserve.admission import EngineState
-from blendserve.planner.dual_scan import LEFT, RIGHT, DualScanController, ScanItems, memory_split, static_dual_scan_order
+from blendserve.planner.dual_scan import (
+    LEFT, RIGHT, DualScanController, ScanItems, item_work, memory_split, static_dual_scan_order,
+)
 from blendserve.planner.dual_scan_projected import ProjectedDualScan, projected_peak
 
 STATE = EngineState(running=0, waiting=0, kv_used_tokens=0, kv_total_tokens=0)
@@ -77,14 +79,35 @@ def test_left_takes_compute_heavy_right_takes_memory_heavy_first() -> None:
     assert controller.splits >= 1
 
 
+def _items_with_outputs(n: int, groups: int, seed: int) -> ScanItems:
+    base = _items(n, groups, seed)
+    output = np.random.default_rng(seed + 1).integers(1, 2000, size=n).astype(np.float64)
+    return ScanItems(base.requests, base.group, base.group_density, base.kv_charge + output, base.target_density, output)
+
+
 def test_static_order_is_a_permutation_and_starts_from_both_ends() -> None:
-    items = _items(500, 10, seed=1)
-    stream, sides = static_dual_scan_order(items, 3000, np.random.default_rng(0).integers(1, 500, size=500))
+    items = _items_with_outputs(500, 10, seed=1)
+    stream, sides = static_dual_scan_order(items)
     assert sorted(stream.tolist()) == list(range(500))
     left = stream[sides == 0]
     right = stream[sides == 1]
     assert np.all(np.diff(left) == 1) and np.all(np.diff(right) == -1)
     assert len(left) and len(right) and left.max() < right.min()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 300), st.integers(1, 20), st.integers(0, 10_000))
+def test_static_order_keeps_the_admitted_streams_density_at_the_jobs(n: int, groups: int, seed: int) -> None:
+    base = _items_with_outputs(n, groups, seed)
+    compute, reads = item_work(base)
+    by_density = np.argsort(-(compute / reads), kind="stable")  # the planner's order: compute-heavy first
+    items = ScanItems(base.requests[by_density], base.group, base.group_density, base.kv_charge[by_density],
+                      base.target_density, base.output_est[by_density])
+    stream, _ = static_dual_scan_order(items)
+    compute, reads = compute[by_density], reads[by_density]
+    c_share, m_share = compute / compute.sum(), reads / reads.sum()
+    gap = np.abs(np.cumsum(c_share[stream]) - np.cumsum(m_share[stream]))
+    assert gap.max() <= max(c_share.max(), m_share.max()) + 1e-9  # never more than one item off the target blend
 
 
 def test_projected_peak_counts_growth_until_each_request_ends() -> None:

@@ -9,7 +9,6 @@ the mix has density ``(M_L rho_L + M_R rho_R) / M``; setting that to
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -178,41 +177,45 @@ def _estimate_lookup(items: ScanItems) -> np.ndarray | None:
     return table
 
 
-def static_dual_scan_order(
-    items: ScanItems, capacity_tokens: float, decode_steps: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Item positions in the order the dual scan would admit them, and each pick's side (0 left, 1 right).
-
-    For engines that take a whole list.
-
-    The controller is run against a deliberately crude clock: an admitted
-    item holds its charge for ``decode_steps`` of its own (estimated output
-    plus one step of prefill), and time jumps to the next finish whenever
-    neither side has room. Only the relative order of finishes matters here.
+def item_work(items: ScanItems) -> tuple[np.ndarray, np.ndarray]:
+    """(compute, KV reads) of each item in tokens: its prompt less the prefix shared with the previous item
+    plus its estimated output, and the KV its decode reads (``p d + d (d + 1) / 2``, as ``CostModel.mem_time``).
     """
-    controller = DualScanController(items, capacity_tokens)
-    position_of = _position_lookup(items.requests)
-    state = EngineState(running=0, waiting=0, kv_used_tokens=0, kv_total_tokens=0)
-    admitted = np.empty(len(items.requests), dtype=np.int64)
-    sides = np.empty(len(items.requests), dtype=np.int8)
-    count, now = 0, 0.0
-    running: list[tuple[float, int]] = []
-    while controller.remaining():
-        index = controller.next_request(state)
-        if index is None:
-            now, done = heapq.heappop(running)
-            controller.on_finish(done, 0)
-            continue
-        position = position_of(index)
-        admitted[count] = position
-        sides[count] = RIGHT if position >= controller.right else LEFT
-        count += 1
-        heapq.heappush(running, (now + float(decode_steps[position]), index))
-    return admitted[:count], sides[:count]
+    d = np.zeros(len(items.requests)) if items.output_est is None else items.output_est.astype(np.float64)
+    prompt = np.maximum(items.kv_charge - d, 0.0)
+    shared = np.zeros_like(prompt) if items.shared_prompt is None else items.shared_prompt
+    return np.maximum(prompt - shared, 0.0) + d, prompt * d + d * (d + 1.0) / 2.0
 
 
-def _position_lookup(requests: np.ndarray):  # type: ignore[no-untyped-def]
-    """index -> item position; items are usually a permutation, so an array beats a dict."""
-    table = np.full(int(requests.max(initial=-1)) + 1, -1, dtype=np.int64)
-    table[requests] = np.arange(len(requests))
-    return table.__getitem__
+def static_dual_scan_order(items: ScanItems) -> tuple[np.ndarray, np.ndarray]:
+    """Item positions in the order the dual scan admits them for engines that take a whole list, and each
+    pick's side (0 left, 1 right).
+
+    A list has no run-time state to split memory by, so the split's goal is
+    applied to the list itself: the cursors advance so that the admitted
+    stream's density stays at the job's, taking from the left (compute-heavy)
+    end while the share of the job's compute admitted is at most the share of
+    its KV reads admitted, else from the right. The engine's own admission (as
+    for any list) then fills its KV. Measured against the dual scan run
+    against a crude clock (the previous static order) on the paper mixes:
+    +2.9 points of ``T_opt`` on average on 8B, +4 to +6 on 70B
+    (docs/PLANNER_NOTES.md).
+    """
+    compute_array, reads_array = item_work(items)
+    total_c, total_m = max(float(compute_array.sum()), 1e-12), max(float(reads_array.sum()), 1e-12)
+    compute, reads = compute_array.tolist(), reads_array.tolist()  # Python floats: the loop reads them one by one
+    n = len(compute)
+    order = np.empty(n, dtype=np.int64)
+    sides = np.empty(n, dtype=np.int8)
+    left, right, c_taken, m_taken = 0, n, 0.0, 0.0
+    for k in range(n):
+        side = LEFT if c_taken / total_c <= m_taken / total_m else RIGHT
+        if side == LEFT:
+            position, left = left, left + 1
+        else:
+            right -= 1
+            position = right
+        order[k], sides[k] = position, side
+        c_taken += compute[position]
+        m_taken += reads[position]
+    return order, sides

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from blendserve.admission import EngineState
-from blendserve.planner.dual_scan import LEFT, RIGHT, DualScanController, ScanItems
+from blendserve.planner.dual_scan import LEFT, RIGHT, DualScanController, ScanItems, item_work
 
 
 def projected_peak(current: np.ndarray, remaining: np.ndarray, horizon: float = np.inf) -> float:
@@ -83,9 +83,7 @@ class ProjectedDualScan(DualScanController):
         self._prompt = None if est is None else self._private_prompt(items)  # (k,) prompt KV each item adds
         self._by_index = self._lookup(items.requests) if est is not None else None  # batch index -> item position
         self.paced = est is not None and items.target_density < 1.0  # memory-bound job: the left side is paced
-        self._compute = None if est is None else self._prompt + est  # (k,) tokens each item puts through the model
-        prompt = None if est is None else np.maximum(items.kv_charge - est, 0.0)
-        self._reads = None if est is None else prompt * est + est * (est + 1.0) / 2.0  # (k,) KV tokens read
+        self._compute, self._reads = item_work(items) if est is not None else (None, None)  # (k,) tokens in, KV read
         self._totals = (1.0, 1.0) if est is None else (max(float(self._compute.sum()), 1.0), max(float(self._reads.sum()), 1.0))
         self.compute_admitted = 0.0  # compute tokens of the left side's admissions
         self.reads_done = 0.0  # KV reads of finished requests

@@ -134,8 +134,7 @@ def build_plan(
     clock.lap("sort_split")
     groups = leaf_groups(tree, leaf_order, cost_model, max_group)
     items = scan_items(batch, tree, leaf_order, groups, with_duplicates=False)
-    steps = tree.output_est[leaf_order].astype(np.float64) + 1.0
-    stream, sides = static_dual_scan_order(items, kv_capacity_tokens, steps)
+    stream, sides = static_dual_scan_order(items)
     clock.lap("dual_scan")
     cut = cut_shards(stream, sides, _item_costs(tree, leaf_order, cost_model), cost_model, shards)
     clock.lap("shards")

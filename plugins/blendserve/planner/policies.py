@@ -1,8 +1,9 @@
 """The planner's scheduling policies, registered in ``blendserve.policies`` by name.
 
-``dfs``, ``density``, ``blendserve-nosplit`` and ``blendserve`` beside the
-registry's ``fcfs`` and ``balance``; every one admits every request of the
-batch once, so they compare like for like in the simulator and an engine.
+``dfs``, ``density``, ``blendserve-nosplit``, ``blendserve`` and
+``blendserve-static`` beside the registry's ``fcfs`` and ``balance``; every
+one admits every request of the batch once, so they compare like for like in
+the simulator and an engine.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 from blendserve.admission import AdmissionController, StaticOrder
 from blendserve.planner.dual_scan_projected import ProjectedDualScan
 from blendserve.planner.groups import leaf_groups
+from blendserve.planner.dual_scan import ScanItems, static_dual_scan_order
 from blendserve.planner.plan import ordered_leaves, requests_along, scan_items
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
 from blendserve.planner.sort_split import dfs_order
@@ -40,12 +42,15 @@ def density(context: PolicyContext) -> AdmissionController:
     return StaticOrder(np.argsort(-rho, kind="stable"))
 
 
-def _blendserve(context: PolicyContext, with_split: bool) -> AdmissionController:
+def _scan_items(context: PolicyContext, with_split: bool) -> ScanItems:
     tree = _tree(context)
     leaf_order, _ = ordered_leaves(tree, context.cost_model, with_split=with_split)
     groups = leaf_groups(tree, leaf_order, context.cost_model)
-    items = scan_items(context.batch, tree, leaf_order, groups, with_duplicates=True)
-    return ProjectedDualScan(items, context.kv_capacity_tokens)
+    return scan_items(context.batch, tree, leaf_order, groups, with_duplicates=True)
+
+
+def _blendserve(context: PolicyContext, with_split: bool) -> AdmissionController:
+    return ProjectedDualScan(_scan_items(context, with_split), context.kv_capacity_tokens)
 
 
 @register("blendserve-nosplit")
@@ -58,3 +63,11 @@ def blendserve_nosplit(context: PolicyContext) -> AdmissionController:
 def blendserve(context: PolicyContext) -> AdmissionController:
     """Layer-wise sort, conditional splitting (99% of DFS sharing kept) and dual scan."""
     return _blendserve(context, with_split=True)
+
+
+@register("blendserve-static")
+def blendserve_static(context: PolicyContext) -> AdmissionController:
+    """The dual scan's static list (what the pipeline's shards submit to an engine), admitted in order."""
+    items = _scan_items(context, with_split=True)
+    stream, _ = static_dual_scan_order(items)
+    return StaticOrder(items.requests[stream])
