@@ -49,6 +49,7 @@ def test_explain_plan_stores_the_prediction_and_names_every_policy(finished_run)
     for policy in ("blendserve", "dfs", "fcfs", "balance"):
         assert re.search(rf"^\s+{re.escape(policy)}\s", text, re.M), policy
     assert "root density" in text and "shard balance" in text and "GPU-hours" in text
+    assert re.search(r"^\s+blendserve-static\s.*<- chosen$", text, re.M)  # the list the shards submit
     with duckdb.connect(finished_run.db, read_only=True) as con:
         stored = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = ? AND name LIKE 'predicted%'",
                                   [finished_run.run_id]).fetchall())

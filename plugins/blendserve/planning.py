@@ -24,6 +24,15 @@ if TYPE_CHECKING:
     from blendserve.sampling import Estimates
 
 PLANNER_POLICIES = ("blendserve", "blendserve-nosplit")  # built by planner.build_plan with shards from both ends
+
+
+def submitted_policy(policy: str) -> str:
+    """The registry policy whose order a run's shards submit: the dual scan's static list for ``blendserve``.
+
+    Shards hand the engine one list (the plan), so the prediction a run is
+    measured against is that list's, not the step-by-step controller's.
+    """
+    return "blendserve-static" if policy == "blendserve" else policy
 WARMUP_SHARD = -1  # shard number of the warm-up phase's results
 
 

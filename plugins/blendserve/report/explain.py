@@ -149,7 +149,7 @@ def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
     """
     from blendserve import store
     from blendserve.planner.plan import build_plan
-    from blendserve.planning import load_inputs
+    from blendserve.planning import load_inputs, submitted_policy
 
     inputs = load_inputs(config)
     estimates = _stored_estimates(config, inputs.batch)
@@ -159,8 +159,8 @@ def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
                           estimates=estimates)
     if store_metrics:
         with store.connect(config.db) as con:
-            store.put_metrics(con, config.run_id, prediction_metrics(explanation, config.policy))
-    return format_explanation(explanation, config.policy)
+            store.put_metrics(con, config.run_id, prediction_metrics(explanation, submitted_policy(config.policy)))
+    return format_explanation(explanation, submitted_policy(config.policy))
 
 
 def sim_config_for(config: "RunConfig", kv_capacity: int) -> "SimConfig":
