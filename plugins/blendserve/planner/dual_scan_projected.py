@@ -84,7 +84,9 @@ class ProjectedDualScan(DualScanController):
         self._by_index = self._lookup(items.requests) if est is not None else None  # batch index -> item position
         self.paced = est is not None and items.target_density < 1.0  # memory-bound job: the left side is paced
         self._compute, self._reads = item_work(items) if est is not None else (None, None)  # (k,) tokens in, KV read
-        self._totals = (1.0, 1.0) if est is None else (max(float(self._compute.sum()), 1.0), max(float(self._reads.sum()), 1.0))
+        self._totals = (1.0, 1.0)  # job totals of compute and KV reads, the pacing's denominators
+        if est is not None:
+            self._totals = (max(float(self._compute.sum()), 1.0), max(float(self._reads.sum()), 1.0))
         self.compute_admitted = 0.0  # compute tokens of the left side's admissions
         self.reads_done = 0.0  # KV reads of finished requests
 
