@@ -24,13 +24,12 @@ def one(n: int, shards: int) -> dict:
     from blendserve.costmodel import CostModel, get_hardware, get_model
     from blendserve.planner import build_plan
     from blendserve.planner.synthetic import synthetic_batch
-    from blendserve.sim import SimConfig, kv_capacity_tokens
 
     batch = synthetic_batch(n, mean_prompt=500)
     batch_gb = (batch.tokens.nbytes + batch.token_offsets.nbytes) / 1e9
     cost = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
     started = time.perf_counter()
-    plan = build_plan(batch, cost, kv_capacity_tokens(cost, SimConfig()), shards=shards)
+    plan = build_plan(batch, cost, shards=shards)
     wall = time.perf_counter() - started
     peak_gb = peak_rss_gb()
     return {

@@ -14,7 +14,7 @@ COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
 
 def test_plan_file_has_every_request_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
     batch = synthetic_batch(3000, mean_prompt=100, duplicate_fraction=0.05, seed=4)
-    plan = build_plan(batch, COST, kv_capacity_tokens=100_000, shards=3)
+    plan = build_plan(batch, COST, shards=3)
     rows = read_plan(write_plan(plan, batch, COST, tmp_path))
     ids = rows.column("request_id").to_pylist()
     assert sorted(ids) == sorted(batch.request_ids.tolist())
@@ -29,9 +29,9 @@ def test_plan_file_has_every_request_once(tmp_path) -> None:  # type: ignore[no-
 
 def test_planner_never_reads_true_lengths() -> None:
     batch = synthetic_batch(800, mean_prompt=80, seed=5)
-    first = build_plan(batch, COST, kv_capacity_tokens=50_000)
+    first = build_plan(batch, COST)
     batch.sim_output_tokens[:] = np.random.default_rng(0).integers(1, 5000, size=len(batch))
-    second = build_plan(batch, COST, kv_capacity_tokens=50_000)
+    second = build_plan(batch, COST)
     assert np.array_equal(first.stream, second.stream) and np.array_equal(first.leaf_order, second.leaf_order)
 
 

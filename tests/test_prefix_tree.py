@@ -88,7 +88,7 @@ def test_dedupe_fans_results_out_to_every_duplicate(tmp_path) -> None:  # type: 
 
     prompts = [[1, 2, 3], [5, 6], [1, 2, 3], [1, 2, 3], [5, 6, 7]]
     batch = batch_from_prompts(prompts)
-    plan = build_plan(batch, COST, kv_capacity_tokens=10_000)
+    plan = build_plan(batch, COST)
     rows = read_plan(write_plan(plan, batch, COST, tmp_path))
     answered = dict(zip(rows.column("request_id").to_pylist(), rows.column("answered_by").to_pylist()))
     ran = sorted(set(answered.values()))

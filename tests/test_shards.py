@@ -15,7 +15,7 @@ COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
 @pytest.mark.parametrize("k", [1, 2, 5, 8])
 def test_every_item_in_exactly_one_shard_from_both_ends(k: int) -> None:
     batch = synthetic_batch(4000, mean_prompt=150, memory_heavy_fraction=0.4, seed=k)
-    plan = build_plan(batch, COST, kv_capacity_tokens=200_000, shards=k)
+    plan = build_plan(batch, COST, shards=k)
     shards = plan.shards
     m = len(plan.leaf_order)
     assert shards.of_item.shape == (m,)
@@ -33,7 +33,7 @@ def test_every_item_in_exactly_one_shard_from_both_ends(k: int) -> None:
 
 def test_shards_are_blended() -> None:
     batch = synthetic_batch(4000, mean_prompt=150, memory_heavy_fraction=0.4, seed=7)
-    plan = build_plan(batch, COST, kv_capacity_tokens=200_000, shards=4)
+    plan = build_plan(batch, COST, shards=4)
     rho = plan.shards.comp / plan.shards.mem
     whole = plan.target_density
     # Every shard's density stays near the job's, instead of compute-heavy shards then memory-heavy ones.

@@ -155,7 +155,7 @@ def _policy_rows(config: RunConfig, inputs: Inputs, rest: np.ndarray, estimates:
     if config.policy in PLANNER_POLICIES:
         from blendserve.planner.plan import build_plan, plan_table
 
-        plan = build_plan(sub, inputs.cost, inputs.kv_capacity, output_estimates=estimates[rest],
+        plan = build_plan(sub, inputs.cost, output_estimates=estimates[rest],
                           sampling_keys=inputs.keys[rest], shards=config.shards, keep_sharing=config.keep_sharing,
                           with_split=config.policy == "blendserve")
         table = plan_table(plan, sub, inputs.cost)

@@ -31,16 +31,15 @@ def run(args: argparse.Namespace) -> int:
     from blendserve.costmodel import CostModel, get_hardware, get_model
     from blendserve.planner import build_plan, default_output_estimates, write_plan
     from blendserve.progress import phase
-    from blendserve.sim import SimConfig, kv_capacity_tokens
+    from blendserve.sim import SimConfig
 
     with phase(f"plan: reading {args.input}"):
         batch = RequestBatch.from_parquet(args.input)
     cost_model = CostModel(get_model(args.model), get_hardware(args.hardware, tp=args.tp))
-    capacity = kv_capacity_tokens(cost_model, SimConfig())
     estimates = default_output_estimates(batch)
     with phase(f"plan: tree, split, dual scan and {args.shards} shard(s) over {len(batch):,} requests"):
         plan = build_plan(
-            batch, cost_model, capacity, estimates, shards=args.shards,
+            batch, cost_model, estimates, shards=args.shards,
             keep_sharing=args.keep_sharing, with_split=not args.no_split,
         )
     path = write_plan(plan, batch, cost_model, args.out)

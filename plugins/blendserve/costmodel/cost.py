@@ -26,6 +26,13 @@ from blendserve.costmodel.model_spec import ModelSpec
 ArrayLike = np.ndarray | float | int
 
 
+def kv_tokens_read(prompt_tokens: ArrayLike, output_tokens: ArrayLike) -> ArrayLike:
+    """KV tokens read while decoding ``output_tokens`` after a prompt: step i reads p + i tokens."""
+    p = np.asarray(prompt_tokens, dtype=np.float64)
+    d = np.asarray(output_tokens, dtype=np.float64)
+    return p * d + d * (d + 1.0) / 2.0
+
+
 @dataclass(frozen=True)
 class GroupCost:
     comp: float  # Comp_eff seconds: each distinct prompt token computed once, plus all outputs
@@ -44,10 +51,7 @@ class CostModel:
 
     def mem_time(self, prompt_tokens: ArrayLike, output_tokens: ArrayLike) -> ArrayLike:
         """Seconds of KV reads while decoding: step i reads p + i tokens of KV."""
-        p = np.asarray(prompt_tokens, dtype=np.float64)
-        d = np.asarray(output_tokens, dtype=np.float64)
-        kv_tokens_read = p * d + d * (d + 1.0) / 2.0
-        return kv_tokens_read * self.model.kv_bytes_per_token / self.hardware.bandwidth
+        return kv_tokens_read(prompt_tokens, output_tokens) * self.model.kv_bytes_per_token / self.hardware.bandwidth
 
     def comp(self, prompt_tokens: ArrayLike, output_tokens: ArrayLike) -> ArrayLike:
         """Comp(r) of a request with no prefix sharing."""

@@ -62,7 +62,8 @@ def planned_order(controller: AdmissionController, requests: Sequence[EngineRequ
     The controller runs against a crude clock: an admitted request holds its
     place for its estimated output length, and time jumps to the earliest
     finish whenever the controller admits nothing. Only the order of
-    finishes matters, as in the planner's ``static_dual_scan_order``.
+    finishes matters. (The planner's own list, ``static_dual_scan_order``,
+    needs no clock: it paces the two cursors by admitted work.)
     """
     order: list[int] = []
     holding: list[tuple[int, int]] = []  # (finish time, index)

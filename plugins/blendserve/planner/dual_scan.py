@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from blendserve.admission import EngineState
+from blendserve.costmodel import kv_tokens_read
 
 LEFT, RIGHT = 0, 1
 
@@ -179,12 +180,12 @@ def _estimate_lookup(items: ScanItems) -> np.ndarray | None:
 
 def item_work(items: ScanItems) -> tuple[np.ndarray, np.ndarray]:
     """(compute, KV reads) of each item in tokens: its prompt less the prefix shared with the previous item
-    plus its estimated output, and the KV its decode reads (``p d + d (d + 1) / 2``, as ``CostModel.mem_time``).
+    plus its estimated output, and the KV its decode reads (``kv_tokens_read``, as ``CostModel.mem_time``).
     """
     d = np.zeros(len(items.requests)) if items.output_est is None else items.output_est.astype(np.float64)
     prompt = np.maximum(items.kv_charge - d, 0.0)
     shared = np.zeros_like(prompt) if items.shared_prompt is None else items.shared_prompt
-    return np.maximum(prompt - shared, 0.0) + d, prompt * d + d * (d + 1.0) / 2.0
+    return np.maximum(prompt - shared, 0.0) + d, kv_tokens_read(prompt, d)
 
 
 def static_dual_scan_order(items: ScanItems, lead: float = 0.05) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from blendserve.admission import EngineState
+from blendserve.costmodel import kv_tokens_read
 from blendserve.planner.dual_scan import LEFT, RIGHT, DualScanController, ScanItems, item_work
 
 
@@ -166,13 +167,13 @@ class ProjectedDualScan(DualScanController):
 
     def _reads_progress(self) -> float:
         """Share of the job's KV reads done: finished requests, plus in-flight ones up to the decode clock."""
-        done = self.reads_done
-        for index in self.inflight:
-            position = self._by_index[index]
-            steps = min(self.clock - self.started[index], float(self.items.output_est[position]))
-            prompt = float(self.items.kv_charge[position] - self.items.output_est[position])
-            done += prompt * steps + steps * (steps + 1.0) / 2.0
-        return done / self._totals[1]
+        index = np.fromiter(self.inflight, np.int64, len(self.inflight))
+        position = self._by_index[index]
+        estimate = self.items.output_est[position]
+        started = np.fromiter((self.started[i] for i in index.tolist()), np.float64, len(index))
+        steps = np.minimum(self.clock - started, estimate)
+        in_flight = float(np.sum(kv_tokens_read(self.items.kv_charge[position] - estimate, steps)))
+        return (self.reads_done + in_flight) / self._totals[1]
 
     def next_request(self, state: EngineState) -> int | None:
         if self.remaining() == 0:

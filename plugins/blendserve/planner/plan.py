@@ -48,7 +48,6 @@ class Plan:
     stream: np.ndarray  # (m,) item positions in dual-scan admission order (the static order)
     sides: np.ndarray  # (m,) side of each stream pick: 0 left, 1 right
     shards: Shards  # data-parallel cut of the stream
-    kv_capacity_tokens: float  # M used for the memory split
     sharing_tokens: int  # prompt tokens reused from the previous leaf in leaf_order
     dfs_sharing_tokens: int  # the same for the depth-first order: the most any order gets
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
@@ -111,7 +110,6 @@ def scan_items(
 def build_plan(
     batch: RequestBatch,
     cost_model: CostModel,
-    kv_capacity_tokens: float,
     output_estimates: np.ndarray | None = None,
     sampling_keys: np.ndarray | None = None,
     shards: int = 1,
@@ -147,7 +145,6 @@ def build_plan(
         stream=stream,
         sides=sides,
         shards=cut,
-        kv_capacity_tokens=float(kv_capacity_tokens),
         sharing_tokens=order_sharing(tree, leaf_order),
         dfs_sharing_tokens=int(tree.prompt_len.sum() - tree.stats.unique_prompt_tokens[0]),
         timings=clock.laps,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from blendserve.admission import AdmissionController, StaticOrder
+from blendserve.planner.dual_scan import ScanItems, static_dual_scan_order
 from blendserve.planner.dual_scan_projected import ProjectedDualScan
 from blendserve.planner.groups import leaf_groups
-from blendserve.planner.dual_scan import ScanItems, static_dual_scan_order
 from blendserve.planner.plan import ordered_leaves, requests_along, scan_items
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
 from blendserve.planner.sort_split import dfs_order

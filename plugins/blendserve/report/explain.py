@@ -153,7 +153,7 @@ def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
 
     inputs = load_inputs(config)
     estimates = _stored_estimates(config, inputs.batch)
-    plan = build_plan(inputs.batch, inputs.cost, inputs.kv_capacity, output_estimates=estimates,
+    plan = build_plan(inputs.batch, inputs.cost, output_estimates=estimates,
                       sampling_keys=inputs.keys, shards=config.shards, keep_sharing=config.keep_sharing)
     explanation = explain(inputs.batch, plan, inputs.cost, sim_config_for(config, inputs.kv_capacity),
                           estimates=estimates)

@@ -64,7 +64,7 @@ def _simulated(data: RunData) -> Prediction:
         raise FileNotFoundError(f"{config.requests_path} is gone")
     inputs = load_inputs(config)
     estimates = _estimates(data, inputs.batch)
-    plan = build_plan(inputs.batch, inputs.cost, inputs.kv_capacity, output_estimates=estimates,
+    plan = build_plan(inputs.batch, inputs.cost, output_estimates=estimates,
                       sampling_keys=inputs.keys, shards=config.shards, keep_sharing=config.keep_sharing)
     explanation = explain(inputs.batch, plan, inputs.cost, sim_config_for(config, inputs.kv_capacity), estimates=estimates)
     data.metrics.update({k: v for k, v in prediction_metrics(explanation, submitted_policy(config.policy)).items()
