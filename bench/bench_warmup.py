@@ -5,20 +5,22 @@
 Requests are VBench prompt-extension calls (a shared system prompt, the
 short prompt as the user turn, chat template applied). Three variants on one
 engine, every one FCFS so only the warm-up mechanism differs, prefix cache
-reset before every run (the DAG's warm-up and infer tasks each start cold):
+reset before every run:
 
 - ``single``: all requests in one run (no warm-up);
-- ``phased``: the sample as its own run, then the rest (what the pipeline
-  and the DAG do: ``warmup_step``, then ``infer_shard``);
-- ``inline``: one run with ``sampling.warmup_controller`` (samples first,
-  random fillers while they run, then the plan, here FCFS, over the rest).
+- ``inline``: one run with ``sampling.WarmupController`` (samples first,
+  random fillers while they run, then the plan, here FCFS, over the rest):
+  what every infer shard does (``planning.shard_plan``);
+- ``phased``: the sample as its own run, then the rest (the pipeline before
+  2026-11-29, when the warm-up was a task of its own).
 
 The variants take turns in a rotating order, ``--repeats`` rounds, so
 background load hits them alike. Overhead = (variant - single) / single
 within a round: what the warm-up adds beyond its sampled requests' own cost
-(they are part of ``single`` too). Engine start is outside the run times;
-it is timed on its own at the end (a fresh start in this process, and the
-shutdown), because the DAG's warm-up task starts and stops an engine of its own.
+(they are part of ``single`` too). Also timed apart: the shard's planning
+work (prefix tree, sample, estimates, the blendserve re-plan of the rest:
+CPU time inside the run), and an engine start and stop, which a warm-up task
+of its own would add.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from blendserve.engines import EngineRequest, close_all, engine_session
 from blendserve.ingest.tokenize import PromptTokenizer
 from blendserve.model_prep import ensure_model_dir
 from blendserve.planner.prefix_tree import build_prefix_tree
-from blendserve.sampling import select_samples, warmup_controller
+from blendserve.policies import PolicyContext, make_controller
+from blendserve.sampling import estimate_outputs, select_samples, warmup_controller
 from blendserve.workload_sources import data_root
 from common import provenance
 
@@ -101,6 +104,7 @@ class Job:
         self.sample_reqs = [reqs[i] for i in self.sampled]
         self.rest_reqs = [reqs[i] for i in rest]
         self.fillers: list[int] = []
+        self.observed = np.array([r.max_tokens for r in self.sample_reqs])  # the sample's lengths, once run
 
     def run(self, engine, variant: str) -> dict[str, float]:  # type: ignore[no-untyped-def]
         if variant == "single":
@@ -112,7 +116,22 @@ class Job:
         inline = warmup_controller(self.batch, self.tree, self.sampled, self.cost, 100_000, policy="fcfs")
         total = timed(engine, self.reqs, inline)
         self.fillers.append(inline.unplanned)
+        self.observed = np.array([inline.observed[int(i)] for i in self.sampled])
         return {"total": total}
+
+
+def planning_seconds(job: "Job", observed: np.ndarray) -> float:
+    """CPU seconds of one shard's warm-up planning: tree, sample, estimates, the blendserve list of the rest."""
+    import blendserve.planner  # noqa: F401  (registers blendserve-static)
+
+    started = time.perf_counter()
+    tree = build_prefix_tree(job.batch, job.cost)
+    sampled = select_samples(job.batch, tree, rate=len(job.sampled) / len(job.reqs), seed=0)
+    estimates = estimate_outputs(job.batch, tree, sampled, observed)
+    rest = np.setdiff1d(np.arange(len(job.reqs)), sampled)
+    context = PolicyContext(job.batch.take(rest), estimates.mean[rest], job.cost, 100_000)
+    make_controller("blendserve-static", context)
+    return time.perf_counter() - started
 
 
 def spread(values: list[float], fmt: str) -> str:
@@ -128,7 +147,8 @@ def engine_start_cost(config: RunConfig) -> tuple[float, float]:
     return ready - started, time.perf_counter() - ready
 
 
-def report(job: Job, times: dict[str, list[dict[str, float]]], start: tuple[float, float], first_start: float) -> None:
+def report(job: Job, times: dict[str, list[dict[str, float]]], start: tuple[float, float], first_start: float,
+           planning: float) -> None:
     single = [r["total"] for r in times["single"]]
     print(f"\n{len(job.reqs)} requests, {len(job.sampled)} sampled, {len(times['single'])} rounds; "
           f"medians (min to max); overhead paired with the same round's single run")
@@ -148,6 +168,9 @@ def report(job: Job, times: dict[str, list[dict[str, float]]], start: tuple[floa
               f"{spread([share * s for s in single], '.2f')} s; overhead {spread(extra, '+.2f')} %")
     if job.fillers:
         print(f"inline fillers admitted before the plan: {job.fillers}")
+    single_median = statistics.median(single)
+    print(f"shard planning (tree, sample, estimates, blendserve list): {planning:.2f} s "
+          f"= {100 * planning / single_median:.2f} % of single's median")
     print(f"engine start: first {first_start:.1f} s (with imports), again {start[0]:.1f} s; shutdown {start[1]:.1f} s")
     print(environment())
 
@@ -160,7 +183,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-gb", type=float, default=0.5)
-    ap.add_argument("--variants", default="single,phased", help=f"some of {','.join(VARIANTS)}; single is needed")
+    ap.add_argument("--variants", default="single,inline", help=f"some of {','.join(VARIANTS)}; single is needed")
     args = ap.parse_args()
     variants = args.variants.split(",")
     job = Job(requests(args.requests, args.max_tokens), args.rate)
@@ -182,7 +205,7 @@ def main() -> None:
             start = engine_start_cost(config)
         finally:
             close_all()
-    report(job, times, start, first_start)
+    report(job, times, start, first_start, planning_seconds(job, job.observed))
 
 
 if __name__ == "__main__":

@@ -22,13 +22,15 @@ in DuckDB (`outputs` table, keyed by `run_id` and your `custom_id`).
 
 `ingest` (files -> normalized Parquet, bad rows -> `rejects` with a reason)
 -> `validate_input` (great-expectations on the accepted requests)
--> `warmup` (runs a small sample first to learn output lengths; its answers are final)
--> `plan` (prefix tree, split, dual scan with the chosen policy, cut into shards)
--> `infer` (one mapped task per shard, queue and pool `gpu`; resumes from its committed part files when retried)
+-> `plan` (prefix tree, split, dual scan with the chosen policy, cut into shards of whole subtrees)
+-> `infer` (one mapped task per shard, queue and pool `gpu`: runs its warm-up sample first to learn output
+   lengths, with spare room filled meanwhile, then re-plans the rest on them; the sample's answers are final;
+   resumes from its committed part files when retried)
 -> `load_outputs` (the single DuckDB writer; updates the `blendserve_outputs` Asset)
 -> `validate_outputs` (exactly one output per accepted request)
--> `report` (Markdown + PNG plots beside the DuckDB file: throughput against the prediction, prefix hits,
-   estimates against actual lengths, shard balance, utilization, rejects and errors, validation) -> `summary`.
+-> `report` (every policy's predicted time on the learnt lengths, then Markdown + PNG plots beside the DuckDB
+   file: throughput against the prediction, prefix hits, estimates against actual lengths, shard balance,
+   utilization, rejects and errors, validation) -> `summary`.
 
 Input and output paths must lie inside the data roots (`BLENDSERVE_DATA_ROOTS`,
 default the project's `data/` and `out/`); anything else fails the first task.
@@ -47,7 +49,7 @@ OpenAI-style output and error files beside the DuckDB file.
 | `engine` | `vllm` (real model), `transformers`, `simulator` |
 | `policy` | `blendserve` (default), or a baseline to A/B: `blendserve-nosplit`, `dfs`, `density`, `fcfs` (file order), `balance` (random) |
 | `hardware` | GPU profile the plan is costed on (`a100-80g`, `h100-sxm`, `h200`, `l40s`) |
-| `sample_rate` | share of requests run first to learn output lengths (0 turns warm-up off) |
+| `sample_rate` | share of each shard's requests run first to learn output lengths (0 turns warm-up off) |
 | `keep_sharing` | split budget: the plan keeps at least this share of the DFS order's prefix sharing |
 | `shards` | data-parallel shards: one `infer` task each |
 | `max_tokens` | default `max_tokens` for requests that give none |
@@ -75,7 +77,7 @@ PARAMS = {
     "hardware": Param("a100-80g", enum=["a100-80g", "h100-sxm", "h200", "l40s"],
                       description="Hardware profile the plan is costed on."),
     "sample_rate": Param(0.01, type="number", minimum=0, maximum=1,
-                         description="Warm-up sample run first to learn output lengths (0 = none)."),
+                         description="Share of each shard run first to learn output lengths (0 = none)."),
     "keep_sharing": Param(0.99, type="number", minimum=0, maximum=1,
                           description="Split budget: keep at least this share of DFS prefix sharing."),
     "shards": Param(1, type="integer", minimum=1, maximum=64, description="Data-parallel shards."),
@@ -129,21 +131,10 @@ def blendserve_batch():
         return validate_input_step(run_config(params, run_id))
 
     @task
-    def warmup(validated: dict, params=None, run_id=None) -> dict:
-        from blendserve.pipeline import warmup_step
-
-        return warmup_step(run_config(params, run_id))
-
-    @task
-    def plan(warmed: dict, params=None, run_id=None) -> list[int]:
+    def plan(validated: dict, params=None, run_id=None) -> list[int]:
         from blendserve.pipeline import plan_step
 
-        from blendserve.pipeline import explain_step
-
-        config = run_config(params, run_id)
-        shards = plan_step(config)
-        explain_step(config)  # predicted time of every policy, in this task's log
-        return shards
+        return plan_step(run_config(params, run_id))
 
     @task(map_index_template="{{ shard_label }}", pool=INFER_POOL, queue=INFER_QUEUE)
     def infer(shard: int, params=None, run_id=None, ti=None) -> dict:
@@ -172,9 +163,11 @@ def blendserve_batch():
 
     @task
     def report(validated: dict, params=None, run_id=None) -> str:
-        from blendserve.pipeline import report_step
+        from blendserve.pipeline import explain_step, report_step
 
-        return report_step(run_config(params, run_id))  # the path is in the task log
+        config = run_config(params, run_id)
+        explain_step(config)  # every policy's predicted time, in this task's log; the report compares against it
+        return report_step(config)  # the path is in the task log
 
     @task
     def summary(report_path: str, params=None, run_id=None) -> dict:
@@ -184,7 +177,7 @@ def blendserve_batch():
         print(result)  # lands in the task log
         return result
 
-    shards = plan(warmup(validate_input(ingest())))
+    shards = plan(validate_input(ingest()))
     summary(report(validate_outputs(load_outputs(infer.expand(shard=shards)))))
 
 

@@ -78,9 +78,9 @@ CREATE TABLE IF NOT EXISTS validation_results (
 CREATE TABLE IF NOT EXISTS plan (
     run_id             VARCHAR NOT NULL,
     request_id         VARCHAR NOT NULL,
-    shard              INTEGER NOT NULL,   -- -1: answered by the warm-up phase
-    position           INTEGER NOT NULL,   -- admission order inside the shard
-    est_output_tokens  INTEGER NOT NULL,   -- the length the plan assumed
+    shard              INTEGER NOT NULL,   -- data-parallel shard (-1: the warm-up task of older runs)
+    position           INTEGER NOT NULL,   -- plan order inside the shard (a shard with a warm-up re-plans after it)
+    est_output_tokens  INTEGER NOT NULL,   -- the length assumed: the warm-up estimate once loaded, else max_tokens or known
     answered_by        VARCHAR NOT NULL,   -- the request whose inference answers it (itself if unique)
     PRIMARY KEY (run_id, request_id)
 );
@@ -92,14 +92,14 @@ CREATE TABLE IF NOT EXISTS samples (
     source_node           BIGINT NOT NULL,   -- prefix-tree node whose samples gave the estimate
     est_output_tokens     INTEGER NOT NULL,  -- mean of the source's sampled lengths
     est_high_tokens       INTEGER NOT NULL,  -- a high quantile, for KV budgeting
-    actual_output_tokens  INTEGER,           -- the warm-up's observed length (sampled requests)
+    actual_output_tokens  INTEGER,           -- observed length of the sampled requests
     PRIMARY KEY (run_id, request_id)
 );
 
 -- Engine statistics per interval (keys documented in blendserve.engines.common.TIMELINE_KEYS).
 CREATE TABLE IF NOT EXISTS engine_timeline (
     run_id           VARCHAR NOT NULL,
-    shard            INTEGER NOT NULL,   -- -1: the warm-up phase
+    shard            INTEGER NOT NULL,   -- data-parallel shard (-1: the warm-up task of older runs)
     t                DOUBLE,             -- seconds since the shard's run started (simulated for the simulator)
     steps            DOUBLE,
     running          DOUBLE,

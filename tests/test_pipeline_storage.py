@@ -49,7 +49,8 @@ def test_run_with_url_input_and_work_dir_lands_one_output_per_request(make_confi
     shard_parts = [o for o in objects if o.startswith("runs/r1/parts/shard-")]
     assert {"runs/r1/requests.parquet", "runs/r1/rejects.parquet", "runs/r1/plan.parquet"} <= set(objects)
     assert {o.rsplit("/", 1)[1] for o in shard_parts} >= {"part-00000.parquet", "stats.json", "timeline.parquet"}
-    assert any(o.startswith("runs/r1/parts/warmup/part-") for o in objects)
+    assert {o for o in objects if o.endswith("/estimates.parquet")} == {
+        f"runs/r1/parts/shard-{k:05d}/estimates.parquet" for k in (0, 1)}  # each shard's warm-up
     committed = [o for o in objects if o.rsplit("/", 1)[1].startswith("part-")]
     assert storage.read_parquet([f"{bucket}/{o}" for o in committed]).num_rows == MINI_REQUESTS
     assert not (tmp_path / "runs").exists()  # nothing of the run folder went to local disk
@@ -65,7 +66,7 @@ def test_retried_shard_with_url_work_dir_resumes_without_duplicates(make_config,
     plan_step(config)
     with pytest.raises(InjectedFault):
         infer_shard(config, 0)
-    assert len(parts.committed_ids(config.shard_dir(0))) == 8  # two whole parts; the rest never committed
+    assert len(parts.committed_lengths(config.shard_dir(0))) == 8  # two whole parts; the rest never committed
 
     config.fail_after_rows = -1
     assert infer_shard(config, 0)["served"] == MINI_REQUESTS // 2 - 8

@@ -29,7 +29,7 @@ class RunConfig:
     model: str = ""  # model folder; default: the prepared SmolLM2-135M-Instruct
     policy: str = "blendserve"  # scheduling policy: blendserve, blendserve-nosplit, dfs, density, fcfs, balance
     hardware: str = "a100-80g"  # hardware profile the plan is costed on (catalog name)
-    sample_rate: float = 0.01  # warm-up sample of requests run first to learn output lengths (0 = none)
+    sample_rate: float = 0.01  # share of each shard's requests run first to learn output lengths (0 = none)
     keep_sharing: float = 0.99  # split budget: the plan keeps at least this share of DFS prefix sharing
     explain: bool = True  # simulate every policy at plan time (predicted_* metrics, plan log); off for speed
     shards: int = 1  # data-parallel shards (one mapped task each in the DAG)
@@ -73,16 +73,11 @@ class RunConfig:
 
     @property
     def parts_dir(self) -> StoragePath:
-        """One folder per shard (and the warm-up) of committed part files."""
+        """One folder per shard: committed part files, stats, timeline, the warm-up's estimates."""
         return self.run_dir / "parts"
 
     def shard_dir(self, shard: int) -> StoragePath:
         return self.parts_dir / f"shard-{shard:05d}"
-
-    @property
-    def warmup_dir(self) -> StoragePath:
-        """Part files of the warm-up sample (shard -1 in the plan)."""
-        return self.parts_dir / "warmup"
 
     def model_path(self) -> Path:
         if self.model:

@@ -18,11 +18,16 @@ from blendserve.storage import StoragePath
 PART_GLOB = "part-*.parquet"
 
 
-def committed_ids(shard_dir: StoragePath) -> set[str]:
-    """Request ids that already have a committed result in this shard."""
+def committed_lengths(shard_dir: StoragePath) -> dict[str, int]:
+    """Request id -> output tokens of every result already committed in this shard (an error counts 0).
+
+    The keys are what a retry skips; the lengths are what the shard's warm-up
+    sample already taught, so a resumed shard plans as the first try did.
+    """
     files = storage.list_parts(shard_dir, PART_GLOB)
-    table = storage.read_parquet(files, columns=["request_id"], schema=RESULT_SCHEMA)
-    return set(table.column("request_id").to_pylist())
+    table = storage.read_parquet(files, columns=["request_id", "num_output_tokens"], schema=RESULT_SCHEMA)
+    return {i: n or 0 for i, n in zip(table.column("request_id").to_pylist(),
+                                      table.column("num_output_tokens").to_pylist())}
 
 
 class PartWriter:

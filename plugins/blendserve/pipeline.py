@@ -2,7 +2,8 @@
 runs each as a task. Each step reads what the previous one wrote under the run
 folder, so any step can be re-run alone.
 
-ingest -> validate_input -> warmup -> plan -> infer_shard (x shards) -> load -> validate_outputs -> summary
+ingest -> validate_input -> plan -> infer_shard (x shards; each runs its warm-up sample first)
+-> load -> explain -> validate_outputs -> report -> summary
 """
 
 from __future__ import annotations
@@ -11,15 +12,14 @@ import json
 import logging
 from dataclasses import asdict
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from blendserve import parts, storage, store
 from blendserve.progress import Progress, phase
 from blendserve.config import RunConfig
+from blendserve.admission import AdmissionController
 from blendserve.engines.base import EngineRequest
-from blendserve.planning import WARMUP_SHARD
 from blendserve.schema import RESULT_SCHEMA
 from blendserve.storage import StoragePath
 
@@ -62,42 +62,25 @@ def validate_input_step(config: RunConfig) -> dict:
     return {"checks": len(results)}
 
 
-def warmup_step(config: RunConfig, keep_engine: bool = False) -> dict:
-    """Run the warm-up sample first: its results are final (never run again) and its lengths
-    feed the estimator the plan uses."""
-    from blendserve.planning import load_inputs, select_warmup
-
-    ids = select_warmup(config, load_inputs(config))
-    log.info("warm-up: %d sampled requests (rate %.3g)", len(ids), config.sample_rate)
-    if not ids:
-        return {"sampled": 0}
-    summary = _serve(config, WARMUP_SHARD, ids, config.warmup_dir, keep_engine)
-    return {"sampled": len(ids), **summary}
-
-
 def plan_step(config: RunConfig) -> list[int]:
     """Order the requests with the configured policy, cut the order into shards, write plan.parquet."""
-    from blendserve.planning import estimate_rows, estimates_from_warmup, load_inputs, plan_rows
+    from blendserve.planning import load_inputs, plan_rows
 
     with phase(f"plan ({config.policy})"):
-        inputs = load_inputs(config)
-        warm = estimates_from_warmup(inputs, _observed_lengths(config.warmup_dir))
-        rows = plan_rows(config, inputs, warm)
+        rows = plan_rows(config, load_inputs(config))
     storage.atomic_write_parquet(rows, config.plan_path)
-    estimates = estimate_rows(inputs, warm)
     saved = rows.num_rows - pc.sum(pc.equal(rows.column("request_id"), rows.column("answered_by"))).as_py()
     with store.connect(config.db) as con:
         store.put_plan(con, config.run_id, config.plan_path)
         store.put_metrics(con, config.run_id, {"dedupe_saved": saved})  # inferences identical requests did not need
-        if estimates is not None:
-            store.put_samples(con, config.run_id, estimates)
     log.info("plan: %d requests, policy %s, %d shards, %d duplicates answered by a twin",
              rows.num_rows, config.policy, config.shards, saved)
     return list(range(config.shards))
 
 
 def explain_step(config: RunConfig) -> str:
-    """Predicted time, GPU-hours and throughput of every policy (stored as predicted_* metrics)."""
+    """Predicted time, GPU-hours and throughput of every policy (stored as predicted_* metrics),
+    on the estimates the shards' warm-up samples gave: run it after ``load_step``."""
     from blendserve.report.explain import explain_plan
 
     text = explain_plan(config)
@@ -114,42 +97,44 @@ def report_step(config: RunConfig) -> str:
     return str(path)
 
 
-def _observed_lengths(warmup_dir: StoragePath) -> dict[str, int]:
-    files = storage.list_parts(warmup_dir, parts.PART_GLOB)
-    # every warm-up result counts (an error as 0 tokens): a sampled request is never run again
-    table = storage.read_parquet(files, columns=["request_id", "num_output_tokens"], schema=RESULT_SCHEMA)
-    return dict(zip(table.column("request_id").to_pylist(), table.column("num_output_tokens").to_pylist()))
-
-
 def infer_shard(config: RunConfig, shard: int, keep_engine: bool = False) -> dict:
-    """Serve one shard's requests in plan order; resumes after the committed part files.
-    The engine stops at the end unless ``keep_engine`` (the next shard in this process reuses it)."""
+    """Serve one shard: its warm-up sample first, then the rest re-planned on the sample's lengths
+    (``planning.shard_plan``). Resumes after the committed part files. The engine stops at the end
+    unless ``keep_engine`` (the next shard in this process reuses it)."""
+    from blendserve.planning import shard_plan
+
     plan = storage.read_parquet([config.plan_path]).filter(pc.equal(pc.field("shard"), shard)).sort_by("position")
     # duplicates are not run: load_step copies their twin's answer
-    runs = plan.filter(pc.equal(pc.field("request_id"), pc.field("answered_by")))
-    return _serve(config, shard, runs.column("request_id").to_pylist(), config.shard_dir(shard), keep_engine)
+    runs = plan.filter(pc.equal(pc.field("request_id"), pc.field("answered_by"))).column("request_id").to_pylist()
+    shard_dir = config.shard_dir(shard)
+    done = parts.committed_lengths(shard_dir)
+    order = shard_plan(config, runs, done)
+    log.info("shard %d: %d requests to serve (%d already committed)", shard, len(order.todo), len(done))
+    summary = _serve(config, shard, order.todo, order.controller, keep_engine) if order.todo else {"shard": shard,
+                                                                                                  "served": 0}
+    estimates = order.estimate_table()
+    if estimates is not None:  # the warm-up's estimates, stored by load_step
+        storage.atomic_write_parquet(estimates, shard_dir / "estimates.parquet")
+    return summary
 
 
-def _serve(config: RunConfig, shard: int, request_ids: list[str], shard_dir: StoragePath, keep_engine: bool) -> dict:
-    """Run ``request_ids`` in order on the engine, committing results to ``shard_dir`` part files."""
-    from blendserve.admission import StaticOrder
+def _serve(config: RunConfig, shard: int, request_ids: list[str], controller: AdmissionController,
+           keep_engine: bool) -> dict:
+    """Run ``request_ids`` on the engine in the order ``controller`` admits them (its indices are
+    positions in ``request_ids``), committing results to the shard's part files."""
     from blendserve.engines import engine_session
 
-    done = parts.committed_ids(shard_dir)
-    requests = _engine_requests(config, [i for i in request_ids if i not in done])
+    shard_dir = config.shard_dir(shard)
+    requests = _engine_requests(config, request_ids)
     writer = parts.PartWriter(shard_dir, config.run_id, shard, config.engine, config.part_rows)
-    log.info("shard %d: %d requests to serve (%d already committed)", shard, len(requests), len(done))
-    if not requests:
-        return {"shard": shard, "served": 0}
 
     def on_result(result) -> None:
         writer.add(result)
-        if shard != WARMUP_SHARD and 0 <= config.fail_after_rows <= writer.committed + len(writer.buffer) - 1:
+        if 0 <= config.fail_after_rows <= writer.committed + len(writer.buffer) - 1:
             raise InjectedFault(f"fault injection: shard {shard} stops after {config.fail_after_rows} rows")
 
-    label = "warm-up" if shard == WARMUP_SHARD else f"shard {shard}"
-    with engine_session(config, keep=keep_engine) as engine, Progress(label, len(requests)) as progress:
-        stats = engine.run(requests, StaticOrder(np.arange(len(requests))), progress.wrap(on_result))
+    with engine_session(config, keep=keep_engine) as engine, Progress(f"shard {shard}", len(requests)) as progress:
+        stats = engine.run(requests, controller, progress.wrap(on_result))
     writer.flush()
     summary = {"shard": shard, "served": stats.requests, "errors": stats.errors, "wall_seconds": stats.wall_seconds,
                "prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
@@ -188,10 +173,13 @@ def _engine_requests(config: RunConfig, request_ids: list[str]) -> list[EngineRe
 
 def load_step(config: RunConfig) -> dict:
     """The single DuckDB writer: load every shard's part files, check one output per request."""
-    files = storage.list_parts(config.parts_dir, f"*/{parts.PART_GLOB}")  # shards and the warm-up
+    files = storage.list_parts(config.parts_dir, f"*/{parts.PART_GLOB}")
+    estimates = storage.list_parts(config.parts_dir, "shard-*/estimates.parquet")
     with store.connect(config.db) as con:
         inserted = store.load_outputs(con, config.run_id, files)
         inserted += store.fan_out_duplicates(con, config.run_id)
+        if estimates:
+            store.put_samples(con, config.run_id, storage.read_parquet(estimates))
         store.put_timeline(con, config.run_id, storage.list_parts(config.parts_dir, "*/timeline.parquet"))
         missing = con.execute(
             """SELECT count(*) FROM requests r ANTI JOIN outputs o USING (run_id, request_id)
@@ -205,12 +193,7 @@ def load_step(config: RunConfig) -> dict:
 
 def _run_metrics(config: RunConfig) -> dict[str, float]:
     shards = [json.loads(p.read_text()) for p in storage.list_parts(config.parts_dir, "shard-*/stats.json")]
-    warmup = config.warmup_dir / "stats.json"
-    # shards run side by side, after the warm-up
-    wall = max((s["wall_seconds"] for s in shards), default=0.0)
-    if warmup.exists():
-        shards.append(json.loads(warmup.read_text()))
-        wall += shards[-1]["wall_seconds"]
+    wall = max((s["wall_seconds"] for s in shards), default=0.0)  # shards run side by side
     prompt = sum(s["prompt_tokens"] for s in shards)
     cached = sum(s["cached_prompt_tokens"] for s in shards)
     output = sum(s["output_tokens"] for s in shards)
@@ -261,16 +244,15 @@ def run_pipeline(config: RunConfig) -> dict:
 
     ingest_step(config)
     validate_input_step(config)
+    shards = plan_step(config)
     try:
-        warmup_step(config, keep_engine=True)
-        shards = plan_step(config)
-        if config.explain:
-            explain_step(config)
         for shard in shards:
             infer_shard(config, shard, keep_engine=True)
     finally:
         if not keep_engines():
             close_all()
     load_step(config)
+    if config.explain:
+        explain_step(config)
     validate_outputs_step(config)
     return {**summary(config), "report": report_step(config)}

@@ -1,9 +1,14 @@
-"""The pipeline's planning half: warm-up sample, output-length estimates, the plan file.
+"""The pipeline's planning half: the plan file, then each shard's warm-up and re-plan.
 
 Glue between the run configuration and the planner (``blendserve.planner``)
 and sampler (``blendserve.sampling``): which cost model and KV capacity a run
-plans with, which requests are identical, which ones the warm-up runs, and
-the plan rows every shard task reads.
+plans with, which requests are identical, the plan rows every shard task
+reads, and the order a shard serves them in.
+
+The warm-up runs inside each shard's engine run (``shard_plan``), not as a
+task of its own: a separate task would start and stop one more engine
+(about 50 s on vLLM-CPU, most of a small job), and shards are whole prefix
+subtrees, so a shard's own sample is the subtree sample the paper draws.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from blendserve import storage
 from blendserve.batch import RequestBatch
@@ -20,8 +26,8 @@ from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware
 
 if TYPE_CHECKING:
-    from blendserve.planner.prefix_tree import PrefixTree
-    from blendserve.sampling import Estimates
+    from blendserve.admission import AdmissionController
+    from blendserve.sampling import Estimates, WarmupController
 
 PLANNER_POLICIES = ("blendserve", "blendserve-nosplit")  # built by planner.build_plan with shards from both ends
 
@@ -33,7 +39,7 @@ def submitted_policy(policy: str) -> str:
     measured against is that list's, not the step-by-step controller's.
     """
     return "blendserve-static" if policy == "blendserve" else policy
-WARMUP_SHARD = -1  # shard number of the warm-up phase's results
+ESTIMATING_POLICIES = PLANNER_POLICIES + ("dfs", "density")  # orders that depend on output lengths
 
 
 def cost_model_for(config: RunConfig) -> CostModel:
@@ -80,74 +86,26 @@ class Inputs:
     kv_capacity: int  # tokens
 
 
-def load_inputs(config: RunConfig) -> Inputs:
+def load_inputs(config: RunConfig, request_ids: list[str] | None = None) -> Inputs:
+    """The run's accepted requests (only ``request_ids`` when given, e.g. one shard's)."""
     table = storage.read_parquet([config.requests_path])
+    if request_ids is not None:
+        table = table.filter(pc.is_in(table.column("request_id"), value_set=pa.array(request_ids, pa.string())))
     cost = cost_model_for(config)
     return Inputs(table, RequestBatch.from_table(table), sampling_keys(table), cost, kv_capacity_for(config, cost))
 
 
-def select_warmup(config: RunConfig, inputs: Inputs) -> list[str]:
-    """Request ids the warm-up phase runs (empty when the policy does not use estimates)."""
-    if config.sample_rate <= 0 or config.policy not in PLANNER_POLICIES + ("dfs", "density") or not len(inputs.batch):
-        return []
-    from blendserve.planner.prefix_tree import build_prefix_tree
-    from blendserve.sampling import select_samples
+def plan_rows(config: RunConfig, inputs: Inputs) -> pa.Table:
+    """One row per accepted request: its shard and position, or the request whose result it takes.
 
-    tree = build_prefix_tree(inputs.batch, inputs.cost, sampling_keys=inputs.keys)
-    # Every subtree holding 1/16 of the job gets a sample (up to the sampler's 100): in a small job
-    # a 1% draw alone can miss a whole kind of request and leave it with another kind's lengths.
-    min_subtree = max(2, min(100, len(inputs.batch) // 16))
-    sampled = select_samples(inputs.batch, tree, rate=config.sample_rate, min_subtree=min_subtree, seed=0)
-    return inputs.batch.request_ids[sampled].astype(str).tolist()
-
-
-@dataclass
-class Warmup:
-    tree: "PrefixTree"  # the prefix tree the estimates were made on
-    sampled: np.ndarray  # batch indices of the requests the warm-up ran
-    estimates: "Estimates"  # per request: mean, high quantile, where it came from
-    observed: dict[str, int]  # request id -> output tokens the warm-up produced
-
-
-def estimates_from_warmup(inputs: Inputs, observed: dict[str, int]) -> Warmup | None:
-    if not observed:
-        return None
-    from blendserve.planner.prefix_tree import build_prefix_tree
-    from blendserve.sampling import estimate_outputs
-
-    tree = build_prefix_tree(inputs.batch, inputs.cost, sampling_keys=inputs.keys)
-    ids = inputs.batch.request_ids.astype(str)
-    sampled = np.flatnonzero(np.isin(ids, list(observed)))
-    lengths = np.array([observed[i] for i in ids[sampled]], dtype=np.int64)
-    return Warmup(tree, sampled, estimate_outputs(inputs.batch, tree, sampled, lengths), observed)
-
-
-def plan_rows(config: RunConfig, inputs: Inputs, warm: Warmup | None) -> pa.Table:
-    """One row per accepted request: its shard and position, or the request whose result it takes."""
+    Planned on what is known before anything runs (a known length, else
+    ``max_tokens``): good enough to cut balanced shards of whole subtrees.
+    Each shard re-plans its own requests once its warm-up sample is back
+    (``shard_plan``).
+    """
     from blendserve.planner.estimates import default_output_estimates
 
-    batch, ids = inputs.batch, inputs.batch.request_ids.astype(str)
-    estimates = default_output_estimates(batch) if warm is None else warm.estimates.mean
-    done, fanned, answered_by, rest = _split_done(batch, warm)
-    rows = _policy_rows(config, inputs, rest, estimates)
-    extra = pa.table({"request_id": ids[done].tolist() + ids[fanned].tolist(),
-                      "shard": [WARMUP_SHARD] * (len(done) + len(fanned)),
-                      "position": list(range(len(done) + len(fanned))),
-                      "est_output_tokens": estimates[np.concatenate([done, fanned])].astype(np.int32).tolist(),
-                      "answered_by": ids[done].tolist() + answered_by})
-    return pa.concat_tables([rows, extra.cast(rows.schema)])
-
-
-def _split_done(batch: RequestBatch, warm: Warmup | None) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
-    """Sampled requests (done), their duplicates (fanned out from them) and the rest (to plan)."""
-    if warm is None:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), [], np.arange(len(batch))
-    from blendserve.sampling import split_warmup
-
-    tree = warm.tree
-    split = split_warmup(tree, warm.sampled)
-    reps = batch.request_ids[tree.leaf_request[tree.request_leaf[split.fanned]]].astype(str).tolist()
-    return split.run, split.fanned, reps, split.rest
+    return _policy_rows(config, inputs, np.arange(len(inputs.batch)), default_output_estimates(inputs.batch))
 
 
 def _policy_rows(config: RunConfig, inputs: Inputs, rest: np.ndarray, estimates: np.ndarray) -> pa.Table:
@@ -181,12 +139,94 @@ def _ordered_rows(config: RunConfig, inputs: Inputs, sub: RequestBatch, estimate
                      "est_output_tokens": estimates[order].astype(np.int32), "answered_by": ids})
 
 
-def estimate_rows(inputs: Inputs, warm: Warmup | None) -> pa.Table | None:
-    """Per request: estimate, high quantile, where it came from (for the samples table)."""
-    if warm is None:
-        return None
-    from blendserve.sampling import estimate_table
+def learns_lengths(config: RunConfig) -> bool:
+    """Whether shards run a warm-up sample: the policy uses lengths, and the engine reports them as it goes
+    (vLLM's static mode plans the whole list before the first token, so it cannot learn)."""
+    static = config.engine == "vllm" and config.extra.get("vllm_mode", "stream") == "static"
+    return config.sample_rate > 0 and config.policy in ESTIMATING_POLICIES and not static
 
-    actual = np.full(len(inputs.batch), -1, dtype=np.int64)
-    actual[warm.sampled] = [warm.observed[i] for i in inputs.batch.request_ids[warm.sampled].astype(str)]
-    return estimate_table(inputs.batch, warm.estimates, actual)
+
+@dataclass
+class ShardPlan:
+    todo: list[str]  # request ids still to serve; the engine's request indices are positions here
+    controller: "AdmissionController"  # the plan's order, or the warm-up followed by the re-plan
+    warmup: "ShardWarmup | None" = None  # the shard's sample and estimates (None: no warm-up)
+
+    def estimate_table(self) -> pa.Table | None:
+        """Per inference of the shard after its run: estimate, high quantile, source, observed length."""
+        return None if self.warmup is None else self.warmup.table()
+
+
+def shard_plan(config: RunConfig, runs: list[str], done: dict[str, int]) -> ShardPlan:
+    """How one shard serves ``runs`` (its inferences, in plan order), ``done`` (committed: id -> tokens) left out.
+
+    With a warm-up, the shard's sample runs first and random fillers keep
+    the engine busy meanwhile (``sampling.WarmupController``); once every
+    sampled answer is back, the policy re-plans the rest with the estimates.
+    A retry counts the committed answers: no sampled request runs twice.
+    """
+    from blendserve.admission import StaticOrder
+
+    todo = [i for i in runs if i not in done]
+    if not learns_lengths(config) or not runs:
+        return ShardPlan(todo, StaticOrder(np.arange(len(todo))))
+    warmup = ShardWarmup(config, runs, done)
+    return ShardPlan(todo, warmup.controller(todo), warmup)
+
+
+class ShardWarmup:
+    """One shard's sample of its prefix tree, the lengths learnt so far, and the estimates they give."""
+
+    def __init__(self, config: RunConfig, runs: list[str], done: dict[str, int]) -> None:
+        from blendserve.planner.prefix_tree import build_prefix_tree
+        from blendserve.sampling import select_samples
+
+        self.config = config
+        self.inputs = load_inputs(config, runs)
+        self.tree = build_prefix_tree(self.inputs.batch, self.inputs.cost)
+        self.ids = self.inputs.batch.request_ids.astype(str)
+        # Every subtree holding 1/16 of the shard gets a sample (up to the sampler's 100): in a small job
+        # a 1% draw alone can miss a whole kind of request and leave it with another kind's lengths.
+        min_subtree = max(2, min(100, len(self.ids) // 16))
+        self.sampled = select_samples(self.inputs.batch, self.tree, rate=config.sample_rate,
+                                      min_subtree=min_subtree, seed=0)
+        self.lengths = {int(b): done[self.ids[b]] for b in self.sampled if self.ids[b] in done}  # batch index -> tokens
+        self.todo_index = np.zeros(0, dtype=np.int64)  # batch index of each engine index
+        self.run: "WarmupController | None" = None  # the controller of this try's engine run
+
+    def controller(self, todo: list[str]) -> "WarmupController":
+        from blendserve.sampling import WarmupController
+
+        position = {i: b for b, i in enumerate(self.ids)}
+        self.todo_index = np.array([position[i] for i in todo], dtype=np.int64)
+        is_sample = np.isin(self.todo_index, self.sampled)
+        self.run = WarmupController(np.flatnonzero(is_sample), np.flatnonzero(~is_sample), self._replan)
+        return self.run
+
+    def _replan(self, rest: np.ndarray, sampled: np.ndarray, observed: np.ndarray) -> "AdmissionController":
+        """The policy's order of ``rest`` (engine indices), planned on the sample's estimates."""
+        import blendserve.planner  # noqa: F401  (registers the planner's policies)
+        from blendserve.policies import PolicyContext, make_controller
+
+        self.lengths.update(zip(self.todo_index[sampled].tolist(), np.asarray(observed).tolist()))
+        rows = self.todo_index[rest]
+        estimates = self.estimates().mean[rows]
+        context = PolicyContext(self.inputs.batch.take(rows), estimates, self.inputs.cost, self.inputs.kv_capacity)
+        return make_controller(submitted_policy(self.config.policy), context)
+
+    def estimates(self) -> "Estimates":
+        from blendserve.sampling import estimate_outputs
+
+        sampled = np.array(sorted(self.lengths), dtype=np.int64)
+        observed = np.array([self.lengths[b] for b in sampled], dtype=np.int64)
+        return estimate_outputs(self.inputs.batch, self.tree, sampled, observed)
+
+    def table(self) -> pa.Table:
+        """The ``samples`` rows of this shard, with every sampled length observed so far."""
+        from blendserve.sampling import estimate_table
+
+        observed = self.run.observed if self.run is not None else {}  # engine index -> tokens
+        self.lengths.update({int(self.todo_index[e]): int(n) for e, n in observed.items()})
+        actual = np.full(len(self.ids), -1, dtype=np.int64)
+        actual[list(self.lengths)] = list(self.lengths.values())
+        return estimate_table(self.inputs.batch, self.estimates(), actual)

@@ -125,12 +125,18 @@ def put_plan(con: duckdb.DuckDBPyConnection, run_id: str, plan_path: PathLike) -
 
 
 def put_samples(con: duckdb.DuckDBPyConnection, run_id: str, estimates) -> None:
-    """Per request output-length estimates from the warm-up sample (``sampling.estimate_table``)."""
+    """Per inference output-length estimates from the shards' warm-up samples (``sampling.estimate_table``).
+
+    The plan's ``est_output_tokens`` become these (a duplicate takes its
+    twin's): the plan task only knew ``max_tokens``, the shards re-planned on these.
+    """
     con.execute("DELETE FROM samples WHERE run_id = ?", [run_id])
     con.register("estimates_arrow", estimates)
     columns = ", ".join(estimates.column_names)
     con.execute(f"INSERT INTO samples (run_id, {columns}) SELECT ?, {columns} FROM estimates_arrow", [run_id])
     con.unregister("estimates_arrow")
+    con.execute("""UPDATE plan SET est_output_tokens = s.est_output_tokens FROM samples s
+                   WHERE plan.run_id = ? AND s.run_id = plan.run_id AND s.request_id = plan.answered_by""", [run_id])
 
 
 def fan_out_duplicates(con: duckdb.DuckDBPyConnection, run_id: str) -> int:

@@ -20,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="blendserve",
                    choices=["blendserve", "blendserve-nosplit", "dfs", "density", "fcfs", "balance"],
                    help="scheduling policy; the baselines are there to A/B against")
-    p.add_argument("--sample-rate", type=float, default=0.01, help="warm-up sample run first (0 = none)")
+    p.add_argument("--sample-rate", type=float, default=0.01, help="share of each shard run first to learn output lengths (0 = none)")
     p.add_argument("--hardware", default="a100-80g", help="hardware profile the plan is costed on")
     p.add_argument("--shards", type=int, default=1, help="data-parallel shards, run one after another here")
     p.add_argument("--max-tokens", type=int, default=256, help="default max_tokens for requests that give none")

@@ -94,7 +94,7 @@ def _table(frame: pd.DataFrame) -> list[str]:
 def _throughput(data: RunData, prediction: Prediction | None, why_not: str, out: Path) -> list[str]:
     policy, achieved = data.run["policy"], data.metrics.get("tokens_per_second")
     lines = [f"Achieved: **{_num(achieved)} tokens/s** (input + output) over {_num(data.metrics.get('wall_seconds'))}"
-             " s of inference (warm-up plus the slowest shard)."]
+             " s of inference (the slowest shard, its warm-up sample included)."]
     if prediction is None:
         return lines + ["", f"No prediction: {why_not}."]
     predicted = prediction.tokens_per_second.get(policy)
@@ -102,8 +102,8 @@ def _throughput(data: RunData, prediction: Prediction | None, why_not: str, out:
               f" on {prediction.hardware} ({prediction.source})."]
     if prediction.comparable and predicted and achieved is not None:
         lines.append(f"Achieved / predicted: **{achieved / predicted:.2f}** (the simulator engine runs on the cost"
-                     " model's clock, so seconds compare directly; the achieved time also holds the warm-up"
-                     " phase, which runs before the shards).")
+                     " model's clock, so seconds compare directly; the prediction plans on the warm-up's"
+                     " estimates from the start, the run learnt them during its first answers).")
     elif not prediction.comparable:
         lines.append(f"The {data.run['engine']} engine did not run on the {prediction.hardware} profile the"
                      " prediction is costed on, so seconds do not compare; what compares is the order of"

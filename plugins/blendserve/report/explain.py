@@ -1,4 +1,4 @@
-"""What a plan is expected to cost, before anything runs: ``blendserve plan --explain`` and the plan task's log.
+"""What a plan is expected to cost: ``blendserve plan --explain``, and the report task's log for a run.
 
 Every policy is simulated on the chosen hardware (``sim.compare``) with the
 lengths the simulator treats as true; the plan itself gives the root density,
@@ -141,10 +141,11 @@ def prediction_metrics(e: Explanation, policy: str) -> dict[str, float]:
 
 
 def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
-    """The plan task's explanation of a run: its requests, cost model, KV capacity and warm-up estimates.
+    """A run's explanation: its requests, cost model, KV capacity and the estimates its plan holds.
 
-    Call it after ``plan_step`` (the samples table holds the warm-up's
-    estimates then). Stores the chosen policy's prediction in ``metrics``
+    Call it after ``load_step``: the plan then holds the estimates the
+    shards' warm-up samples gave (before, only ``max_tokens`` or known
+    lengths). Stores the chosen policy's prediction in ``metrics``
     (``predicted_*``) unless ``store_metrics`` is False.
     """
     from blendserve import store
@@ -175,13 +176,13 @@ def sim_config_for(config: "RunConfig", kv_capacity: int) -> "SimConfig":
 
 
 def _stored_estimates(config: "RunConfig", batch: "RequestBatch"):  # -> np.ndarray | None
-    """The warm-up's per-request estimates from the samples table, in batch order; None without a sample."""
+    """The plan's per-request estimates (the warm-up's once loaded), in batch order; None without a plan."""
     import numpy as np
 
     from blendserve import store
 
     with store.connect(config.db, read_only=True) as con:
-        rows = dict(con.execute("SELECT request_id, est_output_tokens FROM samples WHERE run_id = ?",
+        rows = dict(con.execute("SELECT request_id, est_output_tokens FROM plan WHERE run_id = ?",
                                 [config.run_id]).fetchall())
     ids = batch.request_ids.astype(str)
     if not rows or not all(i in rows for i in ids):

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 DPI = 110
-SHARD_NAMES = {-1: "warm-up"}
+SHARD_NAMES = {-1: "warm-up"}  # the warm-up task of runs before 2026-11-29
 
 
 def _figure(rows: int = 1, height: float = 3.6) -> tuple[Any, Any]:
@@ -105,7 +105,7 @@ def subtree_error(errors: pd.DataFrame, path: Path) -> Path | None:
         return None
     fig, axes = _figure()
     ax = axes[0][0]
-    labels = [f"node {int(s)} ({int(n)})" for s, n in zip(errors["subtree"], errors["requests"])]
+    labels = [f"{s} ({int(n)})" for s, n in zip(errors["subtree"], errors["requests"])]
     ax.barh(labels, errors["mape"] * 100, color="tab:purple")
     ax.invert_yaxis()
     ax.set_xlabel("mean absolute error (% of actual length)")

@@ -1,0 +1,109 @@
+"""The warm-up inside each shard: its sample is admitted first, the rest is re-planned on the sampled
+lengths, the estimates land in DuckDB, and a retried shard never runs a sampled request twice.
+
+The simulator engine runs these (the warm-up logic is engine-independent); ``test_pipeline.py``
+runs the same path on vLLM.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow.compute as pc
+import pytest
+
+from blendserve import parts, planning, storage
+from blendserve.pipeline import InjectedFault, infer_shard, ingest_step, load_step, plan_step
+
+
+def shard_runs(config, shard: int) -> list[str]:  # type: ignore[no-untyped-def]
+    plan = storage.read_parquet([config.plan_path]).filter(pc.equal(pc.field("shard"), shard)).sort_by("position")
+    return plan.filter(pc.equal(pc.field("request_id"), pc.field("answered_by"))).column("request_id").to_pylist()
+
+
+def record_admissions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[planning.ShardPlan, list[int]]]:
+    """Every ShardPlan the pipeline makes, with the engine indices its controller admitted, in order."""
+    made: list[tuple[planning.ShardPlan, list[int]]] = []
+    original = planning.shard_plan
+
+    def wrapped(*args, **kwargs) -> planning.ShardPlan:  # type: ignore[no-untyped-def]
+        plan = original(*args, **kwargs)
+        admitted: list[int] = []
+        inner = plan.controller.next_request
+
+        def record(state):  # type: ignore[no-untyped-def]
+            picked = inner(state)
+            if picked is not None:
+                admitted.append(picked)
+            return picked
+
+        plan.controller.next_request = record  # type: ignore[method-assign]
+        made.append((plan, admitted))
+        return plan
+
+    monkeypatch.setattr(planning, "shard_plan", wrapped)
+    return made
+
+
+def test_each_shard_admits_its_sample_first_then_replans_the_rest(make_config, monkeypatch):
+    config = make_config(engine="simulator", sample_rate=0.1, shards=2, run_id="warm")
+    ingest_step(config)
+    plan_step(config)
+    made = record_admissions(monkeypatch)
+    for shard in (0, 1):
+        infer_shard(config, shard)
+    assert len(made) == 2
+    for plan, admitted in made:
+        run = plan.warmup.run
+        assert len(run.sampled) >= 1
+        assert admitted[: len(run.sampled)] == run.sampled.tolist()  # the sample goes in first
+        assert sorted(admitted) == list(range(len(plan.todo)))  # then every other request, once
+        assert run.inner is not None  # the rest was admitted by the plan made on the sampled lengths
+
+    load_step(config)
+    with duckdb.connect(config.db, read_only=True) as con:
+        inferences = con.execute("SELECT count(*) FROM plan WHERE run_id = ? AND request_id = answered_by",
+                                 [config.run_id]).fetchone()[0]
+        kinds = dict(con.execute("SELECT kind, count(*) FROM samples WHERE run_id = ? GROUP BY kind",
+                                 [config.run_id]).fetchall())
+        mismatched = con.execute(
+            """SELECT count(*) FROM plan p JOIN samples s ON s.run_id = p.run_id AND s.request_id = p.answered_by
+               WHERE p.run_id = ? AND p.est_output_tokens <> s.est_output_tokens""", [config.run_id]).fetchone()[0]
+        sampled_actual = con.execute(
+            """SELECT count(*) FROM samples s JOIN outputs o USING (run_id, request_id)
+               WHERE s.run_id = ? AND s.kind = 'sampled' AND s.actual_output_tokens = o.num_output_tokens""",
+            [config.run_id]).fetchone()[0]
+    assert sum(kinds.values()) == inferences  # every inference has an estimate
+    assert kinds["sampled"] == sum(len(plan.warmup.sampled) for plan, _ in made) == sampled_actual
+    assert mismatched == 0  # the plan table holds the estimates the shards planned with
+
+
+def test_retried_shard_never_runs_a_sampled_request_twice(make_config):
+    config = make_config(engine="simulator", sample_rate=0.1, part_rows=1, fail_after_rows=4, run_id="warm-crash")
+    ingest_step(config)
+    plan_step(config)
+    with pytest.raises(InjectedFault):
+        infer_shard(config, 0)
+    done = parts.committed_lengths(config.shard_dir(0))
+    runs = shard_runs(config, 0)
+    retry = planning.shard_plan(config, runs, done)
+    sampled = {retry.warmup.ids[b] for b in retry.warmup.sampled}
+    assert sampled & set(done), "the first try should have answered part of the sample"
+    assert not set(retry.todo) & set(done)  # committed answers, sampled or not, are not run again
+
+    config.fail_after_rows = -1
+    infer_shard(config, 0)
+    rows = storage.read_parquet(storage.list_parts(config.shard_dir(0), parts.PART_GLOB))
+    ids = rows.column("request_id").to_pylist()
+    assert len(ids) == len(set(ids)) == len(runs)  # one committed answer per inference over both tries
+    lengths = dict(zip(ids, rows.column("num_output_tokens").to_pylist()))
+    estimates = storage.read_parquet([config.shard_dir(0) / "estimates.parquet"]).to_pylist()
+    observed = {r["request_id"]: r["actual_output_tokens"] for r in estimates if r["kind"] == "sampled"}
+    assert set(observed) == sampled and all(observed[i] == lengths[i] for i in sampled)  # first try's lengths kept
+
+
+def test_no_warmup_for_orders_that_ignore_lengths(make_config):
+    config = make_config(engine="simulator", sample_rate=0.1, policy="fcfs", run_id="fcfs")
+    ingest_step(config)
+    plan_step(config)
+    plan = planning.shard_plan(config, shard_runs(config, 0), {})
+    assert plan.warmup is None and plan.controller.order.tolist() == list(range(len(plan.todo)))
