@@ -28,7 +28,8 @@ from common import SETUPS, img_path, load_mix, write_result
 from plots import policy_bars
 from tables import summarize
 
-POLICIES = ["fcfs", "balance", "density", "dfs", "blendserve-nosplit", "blendserve-static", "blendserve"]
+POLICIES = ["fcfs", "balance", "density", "dfs", "blendserve-nosplit", "blendserve-static", "blendserve-spread",
+            "blendserve"]
 # The paper's averages (docs: ../shared/DESIGN.md section 10); the 70B figure is its 8-GPU result.
 PAPER = {"8b": {"opt": 0.8655, "speedup": 1.2084, "sharing": 0.97, "dfs_opt": 0.717},
          "70b": {"opt": 0.908, "speedup": 1.2084, "sharing": 0.97, "dfs_opt": None}}
@@ -43,7 +44,8 @@ def print_mix(mix: str, report: dict) -> None:
     for name in POLICIES:
         r = rows[name]
         print(f"  {name:<20}{r['time_s']:>10,.1f}{r['fraction_of_optimum']:>10.1%}"
-              f"{rows['dfs']['time_s'] / r['time_s']:>8.2f}x{r['sharing_vs_dfs']:>13.1%}{r['prefix_hit_ratio']:>13.1%}")
+              f"{rows['dfs']['time_s'] / r['time_s']:>8.2f}x{r['sharing_vs_dfs']:>13.1%}{r['prefix_hit_ratio']:>13.1%}"
+              + (f"  (chose {r['chosen']})" if r.get("chosen") else ""))
 
 
 def print_summary(summary: dict, paper: dict) -> None:

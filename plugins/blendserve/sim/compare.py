@@ -60,12 +60,16 @@ def compare_policies(
     context = PolicyContext(batch, estimates, cost, kv_capacity_tokens(cost, config), seed)
     optimum = batch_t_opt(cost, batch, outputs, config.overlap, context.kv_capacity_tokens)
     results: dict[str, tuple[SimResult, float]] = {}
+    chosen: dict[str, str] = {}  # policy -> the admission it chose by prediction (blendserve), when it says
     for name in policies + (["dfs"] if "dfs" in POLICIES and "dfs" not in policies else []):
         started = time.monotonic()
-        result = simulate(batch, outputs, cost, make_controller(name, context), config)
+        controller = make_controller(name, context)
+        if getattr(controller, "choice", None) is not None:
+            chosen[name] = controller.choice.name
+        result = simulate(batch, outputs, cost, controller, config)
         results[name] = (result, time.monotonic() - started)
     dfs_hits = results["dfs"][0].hit_tokens if "dfs" in results else None
-    rows = [_row(name, *results[name], optimum.time, dfs_hits) for name in policies]
+    rows = [{**_row(name, *results[name], optimum.time, dfs_hits), "chosen": chosen.get(name)} for name in policies]
     return {
         "requests": len(batch), "input_tokens": int(batch.prompt_lens.sum()), "output_tokens": int(outputs.sum()),
         "model": cost.model.name, "hardware": f"{cost.hardware.name} x{cost.hardware.tp}",

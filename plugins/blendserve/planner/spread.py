@@ -1,0 +1,94 @@
+"""Stratified blend: every density stratum of the leaf list spread evenly over the run, prefixes kept together.
+
+The dual scan blends two groups at a time (one under each cursor), so the
+work in flight changes kind as the cursors move: long decodes beside
+prefill-heavy prompts early, shorter ones later. A random order (fcfs on a
+shuffled file) blends every kind at once, keeps the engine's KV fuller under
+blind admission, and beats the dual scan where sharing is small, but loses a
+third of the sharing. This list keeps both: the leaf order is cut into
+*units* that never split a prefix worth keeping, units are binned by density
+(strata ``width`` decades wide), and each stratum's units are spaced evenly
+over the run by their share of the stratum's work. Locally the stream then
+has the job's composition, as a random order has, while every unit stays
+contiguous, as in the leaf order.
+
+A cut between two neighbours loses the prefix they share, except the part
+held by a *hot* prefix (one that ``hot_fraction`` of the leaves share, say a
+chat template), which the prefix cache keeps under any spread order because
+it is reused every few requests. Cuts are made cheapest first while the
+prefix tokens they lose stay within ``1 - keep_sharing`` of the leaf order's
+sharing (the split's budget rule).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from blendserve.planner.dual_scan import ScanItems, item_work
+from blendserve.planner.prefix_tree import PrefixTree
+
+
+def hot_depth(tree: PrefixTree, hot_fraction: float) -> np.ndarray:
+    """(m,) per leaf: depth of its deepest ancestor shared by at least ``hot_fraction`` of the leaves (0 if none)."""
+    internal = np.arange(tree.n_internal)
+    leaves = tree.hi[internal] - tree.lo[internal]
+    hot = internal[leaves >= hot_fraction * tree.n_leaves]
+    hot = hot[np.argsort(tree.depth[hot], kind="stable")]  # shallow first: a deeper hot node overwrites
+    depth = np.zeros(tree.n_leaves, dtype=np.int64)
+    for node in hot.tolist():  # few nodes: at most 1 / hot_fraction per depth level
+        depth[tree.lo[node] : tree.hi[node]] = tree.depth[node]
+    return depth
+
+
+def unit_cuts(tree: PrefixTree, items: ScanItems, keep_sharing: float = 0.995, hot_fraction: float = 0.01) -> np.ndarray:
+    """(k,) True where a new unit starts: cuts that lose the fewest prefix tokens, within the sharing budget.
+
+    A cut before item i loses the prefix it shares with item i - 1 beyond the
+    hot prefix both hold; zero-cost cuts are always made.
+    """
+    if items.shared_prompt is None or len(items.requests) == 0:
+        return np.ones(len(items.requests), dtype=bool)
+    leaf = tree.request_leaf[items.requests]
+    hot = hot_depth(tree, hot_fraction)[leaf]
+    shared = items.shared_prompt.astype(np.float64)
+    cost = np.maximum(shared - np.minimum(hot, np.roll(hot, 1)), 0.0)
+    cost[0] = 0.0
+    by_cost = np.argsort(cost, kind="stable")
+    within = np.cumsum(cost[by_cost]) <= (1.0 - keep_sharing) * float(shared.sum())
+    cuts = np.zeros(len(cost), dtype=bool)
+    cuts[by_cost[within]] = True
+    cuts[0] = True
+    return cuts
+
+
+def spread_keys(items: ScanItems, cuts: np.ndarray, width: float = 0.1, lead: float = 0.05) -> np.ndarray:
+    """(k,) sort key of each item: where in the run (0 to 1) its unit's stratum places it.
+
+    A unit's key is the midpoint of its share of its stratum's work (compute
+    and KV reads, each as a share of the job's), so every stratum is admitted
+    at an even pace. Memory-heavy strata (below the job's density) are
+    compressed into the first ``1 - lead`` of the run: a long decode
+    admitted last runs alone after everything else.
+    """
+    compute, reads = item_work(items)
+    work = compute / max(float(compute.sum()), 1e-12) + reads / max(float(reads.sum()), 1e-12)
+    unit = np.cumsum(cuts) - 1
+    n_units = int(unit[-1]) + 1 if len(unit) else 0
+    unit_work = np.bincount(unit, weights=work, minlength=n_units)
+    density = items.group_density[items.group[np.flatnonzero(cuts)]]
+    stratum = np.floor(np.log10(np.maximum(density, 1e-12)) / width).astype(np.int64)
+    key = np.empty(n_units, dtype=np.float64)
+    for s in np.unique(stratum).tolist():
+        members = np.flatnonzero(stratum == s)  # in leaf order
+        w = unit_work[members]
+        place = (np.cumsum(w) - w / 2.0) / max(float(w.sum()), 1e-12)
+        memory_heavy = float(np.mean(density[members])) < items.target_density
+        key[members] = place * (1.0 - lead) if memory_heavy else place
+    return key[unit]
+
+
+def spread_order(tree: PrefixTree, items: ScanItems, width: float = 0.1, lead: float = 0.05,
+                 keep_sharing: float = 0.995, hot_fraction: float = 0.01) -> np.ndarray:
+    """Item positions in stratified-blend order (units contiguous, in leaf order inside each stratum)."""
+    cuts = unit_cuts(tree, items, keep_sharing, hot_fraction)
+    return np.argsort(spread_keys(items, cuts, width, lead), kind="stable")

@@ -1,0 +1,120 @@
+"""The stratified blend (planner.spread) and the model-predictive choice (planner.predictive)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from blendserve.admission import StaticOrder
+from blendserve.costmodel import CostModel, get_hardware, get_model
+from blendserve.planner import default_output_estimates
+from blendserve.planner.dual_scan import ScanItems
+from blendserve.planner.groups import leaf_groups
+from blendserve.planner.plan import ordered_leaves, scan_items
+from blendserve.planner.predictive import choose, subsample
+from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
+from blendserve.planner.spread import hot_depth, spread_keys, spread_order, unit_cuts
+from blendserve.planner.synthetic import synthetic_batch
+from blendserve.policies import PolicyContext, make_controller
+
+COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
+
+
+def _job(n: int, seed: int, memory_heavy: float = 0.3):  # type: ignore[no-untyped-def]
+    batch = synthetic_batch(n, mean_prompt=120, family_size=40, memory_heavy_fraction=memory_heavy, seed=seed)
+    estimates = default_output_estimates(batch)
+    tree = build_prefix_tree(batch, COST, estimates)
+    leaf_order, _ = ordered_leaves(tree, COST)
+    items = scan_items(batch, tree, leaf_order, leaf_groups(tree, leaf_order, COST), with_duplicates=True)
+    return batch, estimates, tree, items
+
+
+def _lost_tokens(tree: PrefixTree, items: ScanItems, cuts: np.ndarray, hot_fraction: float) -> float:
+    hot = hot_depth(tree, hot_fraction)[tree.request_leaf[items.requests]]
+    cost = np.maximum(items.shared_prompt - np.minimum(hot, np.roll(hot, 1)), 0.0)
+    return float(cost[1:][cuts[1:]].sum())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_spread_is_a_permutation_with_whole_units_and_strata_in_leaf_order(seed: int) -> None:
+    _, _, tree, items = _job(1500, seed)
+    cuts = unit_cuts(tree, items)
+    order = spread_order(tree, items)
+    assert np.array_equal(np.sort(order), np.arange(len(items.requests)))
+    unit = np.cumsum(cuts) - 1
+    in_order = unit[order]
+    # every unit is contiguous in the spread order: its items follow one another
+    starts = np.flatnonzero(np.diff(in_order) != 0) + 1
+    assert len(np.unique(in_order)) == len(starts) + 1
+    # inside a unit, the leaf order is kept (so the prefix its items share is computed once)
+    assert np.all(np.diff(order)[np.diff(in_order) == 0] == 1)
+
+
+@pytest.mark.parametrize("keep", [0.99, 0.995, 1.0])
+def test_cuts_stay_within_the_sharing_budget(keep: float) -> None:
+    _, _, tree, items = _job(1500, 3)
+    cuts = unit_cuts(tree, items, keep_sharing=keep, hot_fraction=0.01)
+    assert _lost_tokens(tree, items, cuts, 0.01) <= (1.0 - keep) * float(items.shared_prompt.sum()) + 1e-6
+    assert cuts[0]
+
+
+def test_spread_blends_memory_heavy_work_across_the_run() -> None:
+    """In the leaf order memory-heavy items sit at the right end; the spread puts them all along the run."""
+    _, _, tree, items = _job(2000, 4)
+    heavy = items.group_density[items.group] < items.target_density
+    assert heavy.any() and (~heavy).any()
+    rank = np.empty(len(items.requests), dtype=np.float64)
+    rank[spread_order(tree, items, lead=0.0)] = np.arange(len(items.requests)) / len(items.requests)
+    assert np.mean(np.flatnonzero(heavy) / len(heavy)) > 0.6  # leaf order: at the end
+    assert abs(np.mean(rank[heavy]) - 0.5) < 0.1  # spread: around the middle
+    first_fifth = rank < 0.2
+    assert heavy[first_fifth].mean() == pytest.approx(heavy.mean(), abs=0.1)
+
+
+def test_lead_compresses_memory_heavy_strata() -> None:
+    _, _, tree, items = _job(1500, 5)
+    cuts = unit_cuts(tree, items)
+    heavy = items.group_density[items.group] < items.target_density
+    led, even = spread_keys(items, cuts, lead=0.2), spread_keys(items, cuts, lead=0.0)
+    assert np.allclose(led[heavy], 0.8 * even[heavy]) and np.array_equal(led[~heavy], even[~heavy])
+
+
+def test_subsample_keeps_rows_and_order() -> None:
+    batch, estimates, _, items = _job(1200, 6)
+    sub_batch, sub_items, sub_est, kept = subsample(batch, items, estimates, 300, seed=1)
+    assert len(sub_batch) == len(sub_items.requests) == 300 and np.all(np.diff(kept) > 0)
+    original = items.requests[kept]
+    assert np.array_equal(sub_batch.request_ids[sub_items.requests], batch.request_ids[original])
+    assert np.array_equal(sub_est[sub_items.requests], estimates[original])
+    assert np.array_equal(sub_batch.prompt(int(sub_items.requests[0])), batch.prompt(int(original[0])))
+
+
+def test_choose_keeps_the_candidate_simulated_fastest() -> None:
+    """A list that runs the job one request at a time must lose to one that batches it."""
+    from blendserve.sim.simulator import SimConfig, simulate
+
+    batch, estimates, _, items = _job(400, 7)
+
+    class OneAtATime(StaticOrder):
+        def next_request(self, state):  # type: ignore[no-untyped-def]
+            return super().next_request(state) if state.running == 0 and state.waiting == 0 else None
+
+    candidates = {
+        "serial": lambda sub, kept: OneAtATime(sub.requests),
+        "batched": lambda sub, kept: StaticOrder(sub.requests),
+    }
+    choice = choose(batch, items, estimates, COST, 200_000, candidates)
+    assert choice.name == "batched" and choice.predicted_s["serial"] > choice.predicted_s["batched"]
+    lengths = np.maximum(estimates.astype(np.int64), 1)
+    direct = simulate(batch, lengths, COST, StaticOrder(items.requests), SimConfig(kv_capacity_tokens=200_000))
+    assert choice.predicted_s["batched"] == pytest.approx(direct.total_time)
+
+
+def test_blendserve_choice_never_reads_true_lengths() -> None:
+    batch, estimates, _, _ = _job(600, 8)
+    context = PolicyContext(batch, estimates, COST, 60_000, seed=0)
+    first = make_controller("blendserve", context).choice  # type: ignore[attr-defined]
+    batch.sim_output_tokens[:] = np.random.default_rng(0).integers(1, 3000, size=len(batch))
+    second = make_controller("blendserve", context).choice  # type: ignore[attr-defined]
+    assert first.name == second.name and first.predicted_s == second.predicted_s
+    assert set(first.predicted_s) == {"dual-scan", "static", "spread-0.05", "spread-0.15"}
