@@ -58,7 +58,7 @@ REWRITE_PAIRS = (
     ("VBench-2.0__prompts__VBench2_full_text.txt", "VBench-2.0__prompts__prompt_aug__Wanx_full_text_aug.txt", "wan"),
 )
 REFINER_SYSTEM_TOKENS = {"gpt": 802, "wan": 920}  # from the data README: system prompt + few-shot turns, chars / 4
-POLICY = "blendserve"
+POLICY = "blendserve"  # default; --policy blendserve-static is the list the pipeline's shards submit
 
 
 def _lines(path: Path) -> list[str]:
@@ -125,14 +125,14 @@ def workloads(names: list[str], n: int, cost: CostModel) -> dict[str, RequestBat
 
 
 def run_blendserve(batch: RequestBatch, outputs: np.ndarray, estimates: np.ndarray, cost: CostModel,
-                   config: SimConfig) -> float:
+                   config: SimConfig, policy: str = POLICY) -> float:
     """Simulated seconds of BlendServe over ``batch`` planned with ``estimates``, running ``outputs``."""
     context = PolicyContext(batch, estimates, cost, kv_capacity_tokens(cost, config))
-    return simulate(batch, outputs, cost, make_controller(POLICY, context), config).total_time
+    return simulate(batch, outputs, cost, make_controller(policy, context), config).total_time
 
 
 def run_sampled(batch: RequestBatch, outputs: np.ndarray, rate: float, cost: CostModel, config: SimConfig,
-                seed: int) -> dict:
+                seed: int, policy: str = POLICY) -> dict:
     """Warm-up phase (FCFS over the sample), then BlendServe over the rest with estimates from it."""
     tree = build_prefix_tree(batch, cost)
     sampled = select_samples(batch, tree, rate=rate, min_subtree=100, cap=len(batch), seed=seed)
@@ -142,38 +142,38 @@ def run_sampled(batch: RequestBatch, outputs: np.ndarray, rate: float, cost: Cos
     warm = batch.take(parts.run)
     t_warm = simulate(warm, outputs[parts.run], cost, StaticOrder(np.arange(len(warm))), config).total_time
     rest = batch.take(parts.rest)
-    t_rest = run_blendserve(rest, outputs[parts.rest], est.mean[parts.rest], cost, config) if len(rest) else 0.0
-    t_one = run_blendserve(batch, outputs, est.mean, cost, config)
+    t_rest = run_blendserve(rest, outputs[parts.rest], est.mean[parts.rest], cost, config, policy) if len(rest) else 0.0
+    t_one = run_blendserve(batch, outputs, est.mean, cost, config, policy)
     rows = estimate_report(tree, est, outputs)
     return {"sampled": len(sampled), "warmup_s": t_warm, "phased_s": t_warm + t_rest, "est_only_s": t_one,
-            "inline_s": run_inline(batch, outputs, parts.run, parts.rest, cost, config, seed), "report": rows}
+            "inline_s": run_inline(batch, outputs, parts.run, parts.rest, cost, config, seed, policy), "report": rows}
 
 
 def run_inline(batch: RequestBatch, outputs: np.ndarray, run: np.ndarray, rest: np.ndarray, cost: CostModel,
-               config: SimConfig, seed: int) -> float:
+               config: SimConfig, seed: int, policy: str = POLICY) -> float:
     """The warm-up inside one engine run (``warmup_controller``); duplicates of samples are not run."""
     keep = np.union1d(run, rest)
     kept = batch.take(keep)
     tree = build_prefix_tree(kept, cost)
     controller = warmup_controller(kept, tree, np.searchsorted(keep, run), cost, kv_capacity_tokens(cost, config),
-                                   POLICY, seed)
+                                   policy, seed)
     return simulate(kept, outputs[keep], cost, controller, config).total_time
 
 
 def bench_workload(name: str, batch: RequestBatch, rates: list[float], cost: CostModel, config: SimConfig,
-                   seed: int) -> dict:
+                   seed: int, policy: str = POLICY) -> dict:
     outputs = true_outputs(batch)
     tokens = float(batch.prompt_lens.sum() + outputs.sum())
     started = time.perf_counter()
-    t_oracle = run_blendserve(batch, outputs, outputs, cost, config)
-    t_max = run_blendserve(batch, outputs, default_output_estimates(batch), cost, config)
+    t_oracle = run_blendserve(batch, outputs, outputs, cost, config, policy)
+    t_max = run_blendserve(batch, outputs, default_output_estimates(batch), cost, config, policy)
     print(f"\n== {name}: {len(batch):,} requests, {int(batch.prompt_lens.sum()):,} in / {int(outputs.sum()):,} out tokens, "
           f"mean output {outputs.mean():.0f}, max_tokens mean {batch.max_tokens.mean():.0f}")
     print(f"{'estimates':<24} {'sampled':>8} {'time s':>9} {'tok/s':>9} {'vs oracle':>9} {'MAPE':>7} {'bias':>7}")
     rows = [_line("oracle (true lengths)", None, t_oracle, tokens, t_oracle),
             _line("max_tokens (none)", None, t_max, tokens, t_oracle)]
     for rate in rates:
-        r = run_sampled(batch, outputs, rate, cost, config, seed)
+        r = run_sampled(batch, outputs, rate, cost, config, seed, policy)
         overall = r["report"][0]
         for label, key in (("est-only", "est_only_s"), ("+warm-up", "phased_s"), ("inline warm-up", "inline_s")):
             rows.append(_line(f"{rate:.1%} {label}", r["sampled"], r[key], tokens, t_oracle, overall.mape, overall.bias))
@@ -201,15 +201,17 @@ def main() -> None:
     ap.add_argument("--rates", default="0.001,0.01,0.1,1")
     ap.add_argument("--workloads", default="azure-conv,vbench-rewrite,mix")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policy", default=POLICY, help="blendserve (the controller) or blendserve-static (the list"
+                                                      " the pipeline's shards submit)")
     ap.add_argument("--out", action="store_true", help="write bench/results/sampling.json")
     args = ap.parse_args()
     cost = SETUPS["8b"].cost()
     config = SimConfig()
     rates = [float(r) for r in args.rates.split(",") if r]
-    results = [bench_workload(name, batch, rates, cost, config, args.seed)
+    results = [bench_workload(name, batch, rates, cost, config, args.seed, args.policy)
                for name, batch in workloads(args.workloads.split(","), args.requests, cost).items()]
     if args.out:
-        write_result("sampling", {"setup": SETUPS["8b"].label, "policy": POLICY, "rates": rates,
+        write_result("sampling", {"setup": SETUPS["8b"].label, "policy": args.policy, "rates": rates,
                                   "workloads": results})
 
 

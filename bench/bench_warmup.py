@@ -78,13 +78,35 @@ def as_batch(reqs: list[EngineRequest]) -> RequestBatch:
                         np.full(n, UNKNOWN, np.int32))
 
 
-def timed(engine, reqs: list[EngineRequest], controller: AdmissionController) -> float:  # type: ignore[no-untyped-def]
+def cpu_seconds() -> float:
+    """CPU time of this process and its children (vLLM's engine core and workers).
+
+    On a shared machine other jobs stretch a run's wall time by tens of
+    percent; the CPU time the run itself needs changes far less.
+    """
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def timed(engine, reqs: list[EngineRequest], controller: AdmissionController) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Wall seconds (``total``), CPU seconds (``cpu``) and engine steps (``steps``: what the order costs, free
+    of the machine's load) of one run."""
     engine.reset_prefix_cache()  # each run starts cold, so run order does not favour the later ones
     results: list = []
-    started = time.perf_counter()
-    engine.run(reqs, controller, results.append)
+    started, cpu = time.perf_counter(), cpu_seconds()
+    stats = engine.run(reqs, controller, results.append)
     assert len(results) == len(reqs), "every request must have exactly one result"
-    return time.perf_counter() - started
+    steps = sum(row.get("steps") or 0 for row in stats.timeline)
+    return {"total": time.perf_counter() - started, "cpu": cpu_seconds() - cpu, "steps": steps}
 
 
 def fcfs(n: int) -> StaticOrder:
@@ -108,21 +130,21 @@ class Job:
 
     def run(self, engine, variant: str) -> dict[str, float]:  # type: ignore[no-untyped-def]
         if variant == "single":
-            return {"total": timed(engine, self.reqs, fcfs(len(self.reqs)))}
+            return timed(engine, self.reqs, fcfs(len(self.reqs)))
         if variant == "phased":
             warm = timed(engine, self.sample_reqs, fcfs(len(self.sample_reqs)))
             rest = timed(engine, self.rest_reqs, fcfs(len(self.rest_reqs)))
-            return {"total": warm + rest, "sample": warm}
+            return {**{k: warm[k] + rest[k] for k in ("total", "cpu", "steps")}, "sample": warm["total"]}
         inline = warmup_controller(self.batch, self.tree, self.sampled, self.cost, 100_000, policy="fcfs")
-        total = timed(engine, self.reqs, inline)
+        times = timed(engine, self.reqs, inline)
         self.fillers.append(inline.unplanned)
         self.observed = np.array([inline.observed[int(i)] for i in self.sampled])
-        return {"total": total}
+        return times
 
 
 def planning_seconds(job: "Job", observed: np.ndarray) -> float:
-    """CPU seconds of one shard's warm-up planning: tree, sample, estimates, the blendserve list of the rest."""
-    import blendserve.planner  # noqa: F401  (registers blendserve-static)
+    """CPU seconds of one shard's warm-up planning: tree, sample, estimates, the blendserve order of the rest."""
+    import blendserve.planner  # noqa: F401  (registers blendserve)
 
     started = time.perf_counter()
     tree = build_prefix_tree(job.batch, job.cost)
@@ -130,7 +152,7 @@ def planning_seconds(job: "Job", observed: np.ndarray) -> float:
     estimates = estimate_outputs(job.batch, tree, sampled, observed)
     rest = np.setdiff1d(np.arange(len(job.reqs)), sampled)
     context = PolicyContext(job.batch.take(rest), estimates.mean[rest], job.cost, 100_000)
-    make_controller("blendserve-static", context)
+    make_controller("blendserve", context)  # the shard's policy: four simulations, the fastest kept
     return time.perf_counter() - started
 
 
@@ -152,12 +174,13 @@ def report(job: Job, times: dict[str, list[dict[str, float]]], start: tuple[floa
     single = [r["total"] for r in times["single"]]
     print(f"\n{len(job.reqs)} requests, {len(job.sampled)} sampled, {len(times['single'])} rounds; "
           f"medians (min to max); overhead paired with the same round's single run")
-    print("| variant | wall s | overhead vs single |")
-    print("|---|---|---|")
+    print("| variant | measure | value | overhead vs single |")
+    print("|---|---|---|---|")
     for name in times:
-        totals = [r["total"] for r in times[name]]
-        over = [100 * (t / s - 1) for t, s in zip(totals, single)]
-        print(f"| {name} | {spread(totals, '.1f')} | {'-' if name == 'single' else spread(over, '+.2f') + ' %'} |")
+        for key, label, fmt in (("total", "wall s", ".1f"), ("cpu", "CPU s", ".1f"), ("steps", "engine steps", ".0f")):
+            values, base = [r[key] for r in times[name]], [r[key] for r in times["single"]]
+            over = [100 * (v / b - 1) for v, b in zip(values, base)]
+            print(f"| {name} | {label} | {spread(values, fmt)} | {'-' if name == 'single' else spread(over, '+.2f') + ' %'} |")
     if "phased" in times:
         # the sample run against its pro-rata share of the single run: the same overhead, without the
         # noise of two long runs subtracted from each other
@@ -169,7 +192,7 @@ def report(job: Job, times: dict[str, list[dict[str, float]]], start: tuple[floa
     if job.fillers:
         print(f"inline fillers admitted before the plan: {job.fillers}")
     single_median = statistics.median(single)
-    print(f"shard planning (tree, sample, estimates, blendserve list): {planning:.2f} s "
+    print(f"shard planning (tree, sample, estimates, blendserve's choice): {planning:.2f} s "
           f"= {100 * planning / single_median:.2f} % of single's median")
     print(f"engine start: first {first_start:.1f} s (with imports), again {start[0]:.1f} s; shutdown {start[1]:.1f} s")
     print(environment())

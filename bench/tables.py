@@ -116,14 +116,23 @@ def sampling_section(data: dict) -> str:
 def planner_section(data: dict) -> str:
     rows = [[f"{r['requests']:,}", f"{r['plan_s']:.1f}", f"{r['stages']['prefix_tree']:.1f}",
              f"{r['stages']['sort_split']:.1f}", f"{r['stages']['dual_scan']:.1f}", f"{r['stages']['shards']:.2f}",
-             f"{r['peak_gb']:.2f}", f"{r['batch_gb']:.2f}", f"{r['sharing_kept']:.1%}", f"{r['imbalance']:.3f}"]
-            for r in data["rows"]]
+             f"{r['peak_gb']:.2f}", f"{r['batch_gb']:.2f}", f"{r['sharing_kept']:.1%}", f"{r['imbalance']:.3f}",
+             _shard_order(r)] for r in data["rows"]]
     t = data["targets"]
     intro = (f"Synthetic requests (mean prompt 500 tokens, 60% in shared family prefixes), {data['shards']} shards, "
-             f"each size in a fresh process. Targets at 1M: plan <= {t['plan_s']:.0f} s, peak <= {t['peak_gb']:.0f} GB.")
+             f"each size in a fresh process. Targets at 1M: plan <= {t['plan_s']:.0f} s, peak <= {t['peak_gb']:.0f} GB. "
+             "Last column: the order a shard builds over all the requests with `blendserve` (tree, split and the "
+             "model-predictive choice on at most 40k of them), its seconds, the process peak after it, and the "
+             "candidate chosen.")
     header = ["requests", "plan s", "tree", "sort+split", "dual scan", "shards", "peak GB", "token ids GB",
-              "sharing kept", "shard imbalance"]
+              "sharing kept", "shard imbalance", "shard order: s / peak GB / chose"]
     return "\n\n".join([intro, table(header, rows), provenance(data)])
+
+
+def _shard_order(row: dict) -> str:
+    if "order_s" not in row:  # results written before the choice existed
+        return "-"
+    return f"{row['order_s']:.1f} / {row['order_peak_gb']:.2f} / {row['choice']}"
 
 
 def simulator_section(data: dict) -> str:

@@ -49,7 +49,8 @@ def test_explain_plan_stores_the_prediction_and_names_every_policy(finished_run)
     for policy in ("blendserve", "dfs", "fcfs", "balance"):
         assert re.search(rf"^\s+{re.escape(policy)}\s", text, re.M), policy
     assert "root density" in text and "shard balance" in text and "GPU-hours" in text
-    assert re.search(r"^\s+blendserve-static\s.*<- chosen$", text, re.M)  # the list the shards submit
+    # the run's policy, and the admission its model-predictive choice picked (what the shards ran)
+    assert re.search(r"^\s+blendserve\s.*\(runs (dual-scan|static|spread-0\.05|spread-0\.15)\) <- chosen$", text, re.M)
     with duckdb.connect(finished_run.db, read_only=True) as con:
         stored = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = ? AND name LIKE 'predicted%'",
                                   [finished_run.run_id]).fetchall())

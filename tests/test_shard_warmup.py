@@ -13,6 +13,7 @@ import pytest
 
 from blendserve import parts, planning, storage
 from blendserve.pipeline import InjectedFault, infer_shard, ingest_step, load_step, plan_step
+from blendserve.planner.predictive import ChosenAdmission
 
 
 def shard_runs(config, shard: int) -> list[str]:  # type: ignore[no-untyped-def]
@@ -53,11 +54,11 @@ def test_each_shard_admits_its_sample_first_then_replans_the_rest(make_config, m
         infer_shard(config, shard)
     assert len(made) == 2
     for plan, admitted in made:
-        run = plan.warmup.run
+        run = plan.order.run
         assert len(run.sampled) >= 1
         assert admitted[: len(run.sampled)] == run.sampled.tolist()  # the sample goes in first
         assert sorted(admitted) == list(range(len(plan.todo)))  # then every other request, once
-        assert run.inner is not None  # the rest was admitted by the plan made on the sampled lengths
+        assert isinstance(run.inner, ChosenAdmission)  # the rest: the registry's blendserve, on the sampled lengths
 
     load_step(config)
     with duckdb.connect(config.db, read_only=True) as con:
@@ -73,7 +74,7 @@ def test_each_shard_admits_its_sample_first_then_replans_the_rest(make_config, m
                WHERE s.run_id = ? AND s.kind = 'sampled' AND s.actual_output_tokens = o.num_output_tokens""",
             [config.run_id]).fetchone()[0]
     assert sum(kinds.values()) == inferences  # every inference has an estimate
-    assert kinds["sampled"] == sum(len(plan.warmup.sampled) for plan, _ in made) == sampled_actual
+    assert kinds["sampled"] == sum(len(plan.order.sampled) for plan, _ in made) == sampled_actual
     assert mismatched == 0  # the plan table holds the estimates the shards planned with
 
 
@@ -86,7 +87,7 @@ def test_retried_shard_never_runs_a_sampled_request_twice(make_config):
     done = parts.committed_lengths(config.shard_dir(0))
     runs = shard_runs(config, 0)
     retry = planning.shard_plan(config, runs, done)
-    sampled = {retry.warmup.ids[b] for b in retry.warmup.sampled}
+    sampled = {retry.order.ids[b] for b in retry.order.sampled}
     assert sampled & set(done), "the first try should have answered part of the sample"
     assert not set(retry.todo) & set(done)  # committed answers, sampled or not, are not run again
 
@@ -106,4 +107,13 @@ def test_no_warmup_for_orders_that_ignore_lengths(make_config):
     ingest_step(config)
     plan_step(config)
     plan = planning.shard_plan(config, shard_runs(config, 0), {})
-    assert plan.warmup is None and plan.controller.order.tolist() == list(range(len(plan.todo)))
+    assert plan.order is None and plan.controller.order.tolist() == list(range(len(plan.todo)))
+
+
+def test_without_a_sample_the_shard_still_runs_the_registry_policy(make_config):
+    config = make_config(engine="simulator", sample_rate=0, run_id="no-sample")
+    ingest_step(config)
+    plan_step(config)
+    plan = planning.shard_plan(config, shard_runs(config, 0), {})
+    assert isinstance(plan.controller, ChosenAdmission)  # what the prediction simulates is what runs
+    assert plan.estimate_table() is None and len(plan.order.sampled) == 0

@@ -29,16 +29,7 @@ if TYPE_CHECKING:
     from blendserve.admission import AdmissionController
     from blendserve.sampling import Estimates, WarmupController
 
-PLANNER_POLICIES = ("blendserve", "blendserve-nosplit")  # built by planner.build_plan with shards from both ends
-
-
-def submitted_policy(policy: str) -> str:
-    """The registry policy whose order a run's shards submit: the dual scan's static list for ``blendserve``.
-
-    Shards hand the engine one list (the plan), so the prediction a run is
-    measured against is that list's, not the step-by-step controller's.
-    """
-    return "blendserve-static" if policy == "blendserve" else policy
+PLANNER_POLICIES = ("blendserve", "blendserve-nosplit")  # cut by planner.build_plan into shards from both ends
 ESTIMATING_POLICIES = PLANNER_POLICIES + ("dfs", "density")  # orders that depend on output lengths
 
 
@@ -100,33 +91,30 @@ def plan_rows(config: RunConfig, inputs: Inputs) -> pa.Table:
 
     Planned on what is known before anything runs (a known length, else
     ``max_tokens``): good enough to cut balanced shards of whole subtrees.
-    Each shard re-plans its own requests once its warm-up sample is back
-    (``shard_plan``).
+    Each shard orders its own requests again when it runs (``shard_plan``).
     """
     from blendserve.planner.estimates import default_output_estimates
 
-    return _policy_rows(config, inputs, np.arange(len(inputs.batch)), default_output_estimates(inputs.batch))
-
-
-def _policy_rows(config: RunConfig, inputs: Inputs, rest: np.ndarray, estimates: np.ndarray) -> pa.Table:
-    sub = inputs.batch.take(rest)
+    batch = inputs.batch
+    estimates = default_output_estimates(batch)
     if config.policy in PLANNER_POLICIES:
         from blendserve.planner.plan import build_plan, plan_table
 
-        plan = build_plan(sub, inputs.cost, output_estimates=estimates[rest],
-                          sampling_keys=inputs.keys[rest], shards=config.shards, keep_sharing=config.keep_sharing,
+        plan = build_plan(batch, inputs.cost, output_estimates=estimates, sampling_keys=inputs.keys,
+                          shards=config.shards, keep_sharing=config.keep_sharing,
                           with_split=config.policy == "blendserve")
-        table = plan_table(plan, sub, inputs.cost)
+        table = plan_table(plan, batch, inputs.cost)
         return table.select(["request_id", "shard", "position", "est_output_tokens", "answered_by"])
-    return _ordered_rows(config, inputs, sub, estimates[rest])
+    return _ordered_rows(config, inputs, estimates)
 
 
-def _ordered_rows(config: RunConfig, inputs: Inputs, sub: RequestBatch, estimates: np.ndarray) -> pa.Table:
+def _ordered_rows(config: RunConfig, inputs: Inputs, estimates: np.ndarray) -> pa.Table:
     """Baselines (fcfs, dfs, balance, density): the policy's order cut into equal contiguous shards."""
     import blendserve.planner  # noqa: F401  (registers dfs and density)
     from blendserve.admission import StaticOrder
     from blendserve.policies import PolicyContext, make_controller
 
+    sub = inputs.batch
     controller = make_controller(config.policy, PolicyContext(sub, estimates, inputs.cost, inputs.kv_capacity))
     if not isinstance(controller, StaticOrder):
         raise ValueError(f"policy {config.policy!r} admits at run time; plan it with build_plan")
@@ -149,33 +137,37 @@ def learns_lengths(config: RunConfig) -> bool:
 @dataclass
 class ShardPlan:
     todo: list[str]  # request ids still to serve; the engine's request indices are positions here
-    controller: "AdmissionController"  # the plan's order, or the warm-up followed by the re-plan
-    warmup: "ShardWarmup | None" = None  # the shard's sample and estimates (None: no warm-up)
+    controller: "AdmissionController"  # the policy's admission, after the warm-up sample when there is one
+    order: "ShardOrder | None" = None  # the shard's requests, sample and estimates (None: the plan's order)
 
     def estimate_table(self) -> pa.Table | None:
         """Per inference of the shard after its run: estimate, high quantile, source, observed length."""
-        return None if self.warmup is None else self.warmup.table()
+        return None if self.order is None else self.order.table()
 
 
 def shard_plan(config: RunConfig, runs: list[str], done: dict[str, int]) -> ShardPlan:
     """How one shard serves ``runs`` (its inferences, in plan order), ``done`` (committed: id -> tokens) left out.
 
-    With a warm-up, the shard's sample runs first and random fillers keep
-    the engine busy meanwhile (``sampling.WarmupController``); once every
-    sampled answer is back, the policy re-plans the rest with the estimates.
-    A retry counts the committed answers: no sampled request runs twice.
+    Orders that depend on lengths are made again over the shard's own
+    requests, with the registry's policy: the admission the simulator
+    predicts is the one that runs. With a warm-up, the shard's sample runs
+    first and random fillers keep the engine busy meanwhile
+    (``sampling.WarmupController``); once every sampled answer is back, the
+    policy orders the rest on the estimates. A retry counts the committed
+    answers: no sampled request runs twice. fcfs and balance keep the plan's
+    order, which is already theirs.
     """
     from blendserve.admission import StaticOrder
 
     todo = [i for i in runs if i not in done]
-    if not learns_lengths(config) or not runs:
+    if config.policy not in ESTIMATING_POLICIES or not runs:
         return ShardPlan(todo, StaticOrder(np.arange(len(todo))))
-    warmup = ShardWarmup(config, runs, done)
-    return ShardPlan(todo, warmup.controller(todo), warmup)
+    order = ShardOrder(config, runs, done)
+    return ShardPlan(todo, order.controller(todo), order)
 
 
-class ShardWarmup:
-    """One shard's sample of its prefix tree, the lengths learnt so far, and the estimates they give."""
+class ShardOrder:
+    """One shard's requests, their warm-up sample, the lengths learnt so far and the policy over them."""
 
     def __init__(self, config: RunConfig, runs: list[str], done: dict[str, int]) -> None:
         from blendserve.planner.prefix_tree import build_prefix_tree
@@ -185,34 +177,42 @@ class ShardWarmup:
         self.inputs = load_inputs(config, runs)
         self.tree = build_prefix_tree(self.inputs.batch, self.inputs.cost)
         self.ids = self.inputs.batch.request_ids.astype(str)
+        self.learns = learns_lengths(config)
         # Every subtree holding 1/16 of the shard gets a sample (up to the sampler's 100): in a small job
         # a 1% draw alone can miss a whole kind of request and leave it with another kind's lengths.
         min_subtree = max(2, min(100, len(self.ids) // 16))
-        self.sampled = select_samples(self.inputs.batch, self.tree, rate=config.sample_rate,
-                                      min_subtree=min_subtree, seed=0)
+        self.sampled = select_samples(self.inputs.batch, self.tree, rate=config.sample_rate, min_subtree=min_subtree,
+                                      seed=0) if self.learns else np.zeros(0, dtype=np.int64)
         self.lengths = {int(b): done[self.ids[b]] for b in self.sampled if self.ids[b] in done}  # batch index -> tokens
         self.todo_index = np.zeros(0, dtype=np.int64)  # batch index of each engine index
-        self.run: "WarmupController | None" = None  # the controller of this try's engine run
+        self.run: "WarmupController | None" = None  # the warm-up controller of this try's engine run
 
-    def controller(self, todo: list[str]) -> "WarmupController":
+    def controller(self, todo: list[str]) -> "AdmissionController":
         from blendserve.sampling import WarmupController
 
         position = {i: b for b, i in enumerate(self.ids)}
         self.todo_index = np.array([position[i] for i in todo], dtype=np.int64)
+        if not self.learns:
+            return self._policy(np.arange(len(todo)))
         is_sample = np.isin(self.todo_index, self.sampled)
         self.run = WarmupController(np.flatnonzero(is_sample), np.flatnonzero(~is_sample), self._replan)
         return self.run
 
     def _replan(self, rest: np.ndarray, sampled: np.ndarray, observed: np.ndarray) -> "AdmissionController":
-        """The policy's order of ``rest`` (engine indices), planned on the sample's estimates."""
+        self.lengths.update(zip(self.todo_index[sampled].tolist(), np.asarray(observed).tolist()))
+        return self._policy(rest)
+
+    def _policy(self, rest: np.ndarray) -> "AdmissionController":
+        """The policy over ``rest`` (engine indices; the controller's indices are positions in it)."""
         import blendserve.planner  # noqa: F401  (registers the planner's policies)
+        from blendserve.planner.estimates import default_output_estimates
         from blendserve.policies import PolicyContext, make_controller
 
-        self.lengths.update(zip(self.todo_index[sampled].tolist(), np.asarray(observed).tolist()))
         rows = self.todo_index[rest]
-        estimates = self.estimates().mean[rows]
-        context = PolicyContext(self.inputs.batch.take(rows), estimates, self.inputs.cost, self.inputs.kv_capacity)
-        return make_controller(submitted_policy(self.config.policy), context)
+        batch = self.inputs.batch
+        estimates = self.estimates().mean if self.learns else default_output_estimates(batch)
+        context = PolicyContext(batch.take(rows), estimates[rows], self.inputs.cost, self.inputs.kv_capacity)
+        return make_controller(self.config.policy, context)
 
     def estimates(self) -> "Estimates":
         from blendserve.sampling import estimate_outputs
@@ -221,10 +221,12 @@ class ShardWarmup:
         observed = np.array([self.lengths[b] for b in sampled], dtype=np.int64)
         return estimate_outputs(self.inputs.batch, self.tree, sampled, observed)
 
-    def table(self) -> pa.Table:
-        """The ``samples`` rows of this shard, with every sampled length observed so far."""
+    def table(self) -> pa.Table | None:
+        """The ``samples`` rows of this shard, with every sampled length observed so far (None: no warm-up)."""
         from blendserve.sampling import estimate_table
 
+        if not self.learns:
+            return None
         observed = self.run.observed if self.run is not None else {}  # engine index -> tokens
         self.lengths.update({int(self.todo_index[e]): int(n) for e, n in observed.items()})
         actual = np.full(len(self.ids), -1, dtype=np.int64)

@@ -27,6 +27,7 @@ class PolicyPrediction:
     tokens_per_second: float  # (input + output tokens) / seconds
     fraction_of_optimum: float  # T_opt / seconds
     prefix_hit_ratio: float  # prompt tokens served from the prefix cache / prompt tokens
+    chose: str | None = None  # the admission a choosing policy (blendserve) picked by prediction
 
 
 @dataclass
@@ -57,7 +58,7 @@ def explain(batch: "RequestBatch", plan: "Plan", cost: "CostModel", sim: "SimCon
     report = compare_policies(batch, cost, sim, sorted(POLICIES) if policies is None else policies, seed,
                               estimates=estimates)
     rows = [PolicyPrediction(r["policy"], r["time_s"], r["throughput"], r["fraction_of_optimum"],
-                             r["prefix_hit_ratio"]) for r in report["policies"]]
+                             r["prefix_hit_ratio"], r.get("chosen")) for r in report["policies"]]
     sharing = plan.sharing_tokens / plan.dfs_sharing_tokens if plan.dfs_sharing_tokens else 1.0
     return Explanation(
         requests=report["requests"], input_tokens=report["input_tokens"], output_tokens=report["output_tokens"],
@@ -87,7 +88,7 @@ def format_explanation(e: Explanation, chosen: str = "blendserve") -> str:
     ]
     for row in e.policies:
         wall = _wall_seconds(row.seconds, e)
-        mark = " <- chosen" if row.policy == chosen else ""
+        mark = (f" (runs {row.chose})" if row.chose else "") + (" <- chosen" if row.policy == chosen else "")
         lines.append(f"  {row.policy:<20}{_num(wall):>10}{_num(gpu_hours(row.seconds, e)):>11}"
                      f"{_tokens_per_second(row.seconds, e):>13,.0f}{row.fraction_of_optimum:>12.1%}{row.prefix_hit_ratio:>12.1%}"
                      f"{mark}")
@@ -150,7 +151,7 @@ def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
     """
     from blendserve import store
     from blendserve.planner.plan import build_plan
-    from blendserve.planning import load_inputs, submitted_policy
+    from blendserve.planning import load_inputs
 
     inputs = load_inputs(config)
     estimates = _stored_estimates(config, inputs.batch)
@@ -160,8 +161,8 @@ def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
                           estimates=estimates)
     if store_metrics:
         with store.connect(config.db) as con:
-            store.put_metrics(con, config.run_id, prediction_metrics(explanation, submitted_policy(config.policy)))
-    return format_explanation(explanation, submitted_policy(config.policy))
+            store.put_metrics(con, config.run_id, prediction_metrics(explanation, config.policy))
+    return format_explanation(explanation, config.policy)
 
 
 def sim_config_for(config: "RunConfig", kv_capacity: int) -> "SimConfig":

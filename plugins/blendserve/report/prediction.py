@@ -55,7 +55,7 @@ def _simulated(data: RunData) -> Prediction:
     from blendserve.config import RunConfig
     from blendserve.report.explain import sim_config_for, explain, prediction_metrics
     from blendserve.planner.plan import build_plan
-    from blendserve.planning import load_inputs, submitted_policy
+    from blendserve.planning import load_inputs
 
     config = RunConfig.from_dict(data.config)
     if not config.work_dir:  # the run folder sits beside the DuckDB file the report reads
@@ -67,7 +67,7 @@ def _simulated(data: RunData) -> Prediction:
     plan = build_plan(inputs.batch, inputs.cost, output_estimates=estimates,
                       sampling_keys=inputs.keys, shards=config.shards, keep_sharing=config.keep_sharing)
     explanation = explain(inputs.batch, plan, inputs.cost, sim_config_for(config, inputs.kv_capacity), estimates=estimates)
-    data.metrics.update({k: v for k, v in prediction_metrics(explanation, submitted_policy(config.policy)).items()
+    data.metrics.update({k: v for k, v in prediction_metrics(explanation, config.policy).items()
                          if k not in data.metrics})
     prediction = _stored(data)
     prediction.source = f"simulated while building this report from {config.requests_path.name}"
