@@ -93,9 +93,18 @@ def grid_section(data: dict) -> str:
              f"quick mode uses fewer). Speed-up of blendserve over dfs; mean {sum(speedups) / len(speedups):.3f}x, "
              f"min {min(speedups):.3f}x, max {max(speedups):.3f}x. Cells are labelled by the target density and "
              f"sharing; the achieved density drifts from its target by up to {drift:.2f} at this size "
-             "(both are in the JSON).")
+             "(both are in the JSON)." + _over_fcfs(cells))
     return "\n\n".join([intro, image(data["png"], "speed-up heatmap"),
                         table(["density \\ sharing", *[f"{s:.0%}" for s in sharings]], rows), provenance(data)])
+
+
+def _over_fcfs(cells: list[dict]) -> str:
+    if not all("vs_fcfs" in c for c in cells):  # results written before fcfs was in the grid
+        return ""
+    over = [c["vs_fcfs"] for c in cells]
+    below = sum(v < 1 for v in over)
+    return (f" Over fcfs: mean {sum(over) / len(over):.3f}x, min {min(over):.3f}x; {below} of {len(cells)} cells"
+            " below fcfs.")
 
 
 def sampling_section(data: dict) -> str:

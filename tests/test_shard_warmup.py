@@ -46,7 +46,7 @@ def record_admissions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[planning.Sh
 
 
 def test_each_shard_admits_its_sample_first_then_replans_the_rest(make_config, monkeypatch):
-    config = make_config(engine="simulator", sample_rate=0.1, shards=2, run_id="warm")
+    config = make_config(engine="simulator", sample_rate=0.1, shards=2, run_id="warm", max_num_seqs=2)  # room for few fillers
     ingest_step(config)
     plan_step(config)
     made = record_admissions(monkeypatch)
