@@ -69,7 +69,9 @@ def policies_section(data: dict) -> str:
 
 def _ratios(rows: dict[str, dict], name: str) -> str:
     r = rows[name]
-    return f"{r['fraction_of_optimum']:.1%} / {rows['dfs']['time_s'] / r['time_s']:.2f} / {r['sharing_vs_dfs']:.0%}"
+    chose = f" ({r['chosen']})" if r.get("chosen") else ""  # the admission blendserve picked by prediction
+    return (f"{r['fraction_of_optimum']:.1%} / {rows['dfs']['time_s'] / r['time_s']:.2f} / {r['sharing_vs_dfs']:.0%}"
+            f"{chose}")
 
 
 def timeline_section(data: dict) -> str:
