@@ -91,3 +91,15 @@ def test_report_command_rebuilds_into_a_folder_and_says_what_is_missing(finished
         assert f"\n## {heading}\n" in text, heading
     for png in figures(report):
         assert_real_png(png)
+
+
+def test_report_simulates_the_prediction_when_none_was_stored(finished_run, tmp_path):
+    # a copy of the DuckDB file with its run folder beside it, but no stored prediction
+    db = tmp_path / "copy.duckdb"
+    shutil.copy(finished_run.db, db)
+    shutil.copytree(Path(finished_run.db).parent / "runs" / "rep", tmp_path / "runs" / "rep")
+    with duckdb.connect(str(db)) as con:
+        con.execute("DELETE FROM metrics WHERE name LIKE 'predicted%'")
+    text = build_report(str(db), "rep", str(tmp_path / "out")).read_text()
+    assert "simulated while building this report from requests.parquet" in text
+    assert re.search(r"Predicted for blendserve: [\d,.]+ tokens/s", text)

@@ -141,15 +141,13 @@ def prediction_metrics(e: Explanation, policy: str) -> dict[str, float]:
     return metrics
 
 
-def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
-    """A run's explanation: its requests, cost model, KV capacity and the estimates its plan holds.
+def explain_run(config: "RunConfig") -> Explanation:
+    """A run's explanation: its requests, cost model, KV capacity and the estimates its plan table holds.
 
     Call it after ``load_step``: the plan then holds the estimates the
     shards' warm-up samples gave (before, only ``max_tokens`` or known
-    lengths). Stores the chosen policy's prediction in ``metrics``
-    (``predicted_*``) unless ``store_metrics`` is False.
+    lengths). ``config.db`` is the DuckDB file those estimates are read from.
     """
-    from blendserve import store
     from blendserve.planner.plan import build_plan
     from blendserve.planning import load_inputs
 
@@ -157,11 +155,16 @@ def explain_plan(config: "RunConfig", store_metrics: bool = True) -> str:
     estimates = _stored_estimates(config, inputs.batch)
     plan = build_plan(inputs.batch, inputs.cost, output_estimates=estimates,
                       sampling_keys=inputs.keys, shards=config.shards, keep_sharing=config.keep_sharing)
-    explanation = explain(inputs.batch, plan, inputs.cost, sim_config_for(config, inputs.kv_capacity),
-                          estimates=estimates)
-    if store_metrics:
-        with store.connect(config.db) as con:
-            store.put_metrics(con, config.run_id, prediction_metrics(explanation, config.policy))
+    return explain(inputs.batch, plan, inputs.cost, sim_config_for(config, inputs.kv_capacity), estimates=estimates)
+
+
+def explain_plan(config: "RunConfig") -> str:
+    """``explain_run`` as a table, with the run's policy's prediction stored in ``metrics`` (``predicted_*``)."""
+    from blendserve import store
+
+    explanation = explain_run(config)
+    with store.connect(config.db) as con:
+        store.put_metrics(con, config.run_id, prediction_metrics(explanation, config.policy))
     return format_explanation(explanation, config.policy)
 
 

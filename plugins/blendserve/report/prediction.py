@@ -53,33 +53,15 @@ def _stored(data: RunData) -> Prediction:
 def _simulated(data: RunData) -> Prediction:
     """Every policy through the simulator on the run's requests Parquet (token ids are not in DuckDB)."""
     from blendserve.config import RunConfig
-    from blendserve.report.explain import sim_config_for, explain, prediction_metrics
-    from blendserve.planner.plan import build_plan
-    from blendserve.planning import load_inputs
+    from blendserve.report.explain import explain_run, prediction_metrics
 
     config = RunConfig.from_dict(data.config)
-    if not config.work_dir:  # the run folder sits beside the DuckDB file the report reads
-        config.db = str(data.db)
+    config.db = str(data.db)  # the file this report reads (the run folder beside it, unless work_dir says)
     if not config.requests_path.exists():
         raise FileNotFoundError(f"{config.requests_path} is gone")
-    inputs = load_inputs(config)
-    estimates = _estimates(data, inputs.batch)
-    plan = build_plan(inputs.batch, inputs.cost, output_estimates=estimates,
-                      sampling_keys=inputs.keys, shards=config.shards, keep_sharing=config.keep_sharing)
-    explanation = explain(inputs.batch, plan, inputs.cost, sim_config_for(config, inputs.kv_capacity), estimates=estimates)
+    explanation = explain_run(config)
     data.metrics.update({k: v for k, v in prediction_metrics(explanation, config.policy).items()
                          if k not in data.metrics})
     prediction = _stored(data)
     prediction.source = f"simulated while building this report from {config.requests_path.name}"
     return prediction
-
-
-def _estimates(data: RunData, batch):  # -> np.ndarray | None
-    """The plan's own estimates (plan table), in batch order, so policies plan with what the run planned with."""
-    import numpy as np
-
-    known = dict(zip(data.lengths["request_id"], data.lengths["estimate"]))
-    ids = batch.request_ids.astype(str)
-    if not all(i in known for i in ids):
-        return None
-    return np.array([known[i] for i in ids], dtype=np.int64)
