@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,10 +19,11 @@ import pyarrow.compute as pc
 from blendserve import parts, storage, store
 from blendserve.progress import Progress, phase
 from blendserve.config import RunConfig
-from blendserve.admission import AdmissionController
 from blendserve.engines.base import EngineRequest
-from blendserve.schema import RESULT_SCHEMA
 from blendserve.storage import StoragePath
+
+if TYPE_CHECKING:
+    from blendserve.planning import ShardPlan
 
 log = logging.getLogger(__name__)
 
@@ -110,22 +112,20 @@ def infer_shard(config: RunConfig, shard: int, keep_engine: bool = False) -> dic
     done = parts.committed_lengths(shard_dir)
     order = shard_plan(config, runs, done)
     log.info("shard %d: %d requests to serve (%d already committed)", shard, len(order.todo), len(done))
-    summary = _serve(config, shard, order.todo, order.controller, keep_engine) if order.todo else {"shard": shard,
-                                                                                                  "served": 0}
+    summary = _serve(config, shard, order, keep_engine) if order.todo else {"shard": shard, "served": 0}
     estimates = order.estimate_table()
     if estimates is not None:  # the warm-up's estimates, stored by load_step
         storage.atomic_write_parquet(estimates, shard_dir / "estimates.parquet")
     return summary
 
 
-def _serve(config: RunConfig, shard: int, request_ids: list[str], controller: AdmissionController,
-           keep_engine: bool) -> dict:
-    """Run ``request_ids`` on the engine in the order ``controller`` admits them (its indices are
-    positions in ``request_ids``), committing results to the shard's part files."""
+def _serve(config: RunConfig, shard: int, order: "ShardPlan", keep_engine: bool) -> dict:
+    """Run ``order.todo`` on the engine in the order ``order.controller`` admits them (its indices are
+    positions in ``todo``), committing results to the shard's part files."""
     from blendserve.engines import engine_session
 
     shard_dir = config.shard_dir(shard)
-    requests = _engine_requests(config, request_ids)
+    requests = _engine_requests(order.requests, order.todo)
     writer = parts.PartWriter(shard_dir, config.run_id, shard, config.engine, config.part_rows)
 
     def on_result(result) -> None:
@@ -134,7 +134,7 @@ def _serve(config: RunConfig, shard: int, request_ids: list[str], controller: Ad
             raise InjectedFault(f"fault injection: shard {shard} stops after {config.fail_after_rows} rows")
 
     with engine_session(config, keep=keep_engine) as engine, Progress(f"shard {shard}", len(requests)) as progress:
-        stats = engine.run(requests, controller, progress.wrap(on_result))
+        stats = engine.run(requests, order.controller, progress.wrap(on_result))
     writer.flush()
     summary = {"shard": shard, "served": stats.requests, "errors": stats.errors, "wall_seconds": stats.wall_seconds,
                "prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
@@ -153,9 +153,8 @@ def _write_timeline(rows: list[dict], shard: int, path: StoragePath) -> None:
     storage.atomic_write_parquet(table, path)
 
 
-def _engine_requests(config: RunConfig, request_ids: list[str]) -> list[EngineRequest]:
-    table = storage.read_parquet([config.requests_path])
-    # only this shard's rows become Python objects: the file holds the whole job
+def _engine_requests(table: pa.Table, request_ids: list[str]) -> list[EngineRequest]:
+    # only the rows still to serve become Python objects
     table = table.filter(pc.is_in(table.column("request_id"), value_set=pa.array(request_ids, pa.string())))
     rows = {r["request_id"]: r for r in table.to_pylist()}
     return [EngineRequest(

@@ -77,11 +77,17 @@ class Inputs:
     kv_capacity: int  # tokens
 
 
-def load_inputs(config: RunConfig, request_ids: list[str] | None = None) -> Inputs:
-    """The run's accepted requests (only ``request_ids`` when given, e.g. one shard's)."""
+def read_requests(config: RunConfig, request_ids: list[str] | None = None) -> pa.Table:
+    """The run's accepted requests (requests.parquet), only ``request_ids``' rows when given (one shard's)."""
     table = storage.read_parquet([config.requests_path])
-    if request_ids is not None:
-        table = table.filter(pc.is_in(table.column("request_id"), value_set=pa.array(request_ids, pa.string())))
+    if request_ids is None:
+        return table
+    return table.filter(pc.is_in(table.column("request_id"), value_set=pa.array(request_ids, pa.string())))
+
+
+def load_inputs(config: RunConfig, table: pa.Table | None = None) -> Inputs:
+    """The planner's view of ``table`` (default: every accepted request of the run)."""
+    table = read_requests(config) if table is None else table
     cost = cost_model_for(config)
     return Inputs(table, RequestBatch.from_table(table), sampling_keys(table), cost, kv_capacity_for(config, cost))
 
@@ -114,15 +120,15 @@ def _ordered_rows(config: RunConfig, inputs: Inputs, estimates: np.ndarray) -> p
     from blendserve.admission import StaticOrder
     from blendserve.policies import PolicyContext, make_controller
 
-    sub = inputs.batch
-    controller = make_controller(config.policy, PolicyContext(sub, estimates, inputs.cost, inputs.kv_capacity))
+    batch = inputs.batch
+    controller = make_controller(config.policy, PolicyContext(batch, estimates, inputs.cost, inputs.kv_capacity))
     if not isinstance(controller, StaticOrder):
         raise ValueError(f"policy {config.policy!r} admits at run time; plan it with build_plan")
     order = controller.order
     cuts = np.linspace(0, len(order), config.shards + 1).astype(int)
     shard = np.repeat(np.arange(config.shards), np.diff(cuts))
     position = np.arange(len(order)) - cuts[shard]
-    ids = sub.request_ids[order].astype(str).tolist()
+    ids = batch.request_ids[order].astype(str).tolist()
     return pa.table({"request_id": ids, "shard": shard.astype(np.int32), "position": position.astype(np.int32),
                      "est_output_tokens": estimates[order].astype(np.int32), "answered_by": ids})
 
@@ -136,6 +142,7 @@ def learns_lengths(config: RunConfig) -> bool:
 
 @dataclass
 class ShardPlan:
+    requests: pa.Table  # the shard's rows of requests.parquet, read once for its plan and its engine
     todo: list[str]  # request ids still to serve; the engine's request indices are positions here
     controller: "AdmissionController"  # the policy's admission, after the warm-up sample when there is one
     order: "ShardOrder | None" = None  # the shard's requests, sample and estimates (None: the plan's order)
@@ -159,30 +166,33 @@ def shard_plan(config: RunConfig, runs: list[str], done: dict[str, int]) -> Shar
     """
     from blendserve.admission import StaticOrder
 
+    requests = read_requests(config, runs)
     todo = [i for i in runs if i not in done]
     if config.policy not in ESTIMATING_POLICIES or not runs:
-        return ShardPlan(todo, StaticOrder(np.arange(len(todo))))
-    order = ShardOrder(config, runs, done)
-    return ShardPlan(todo, order.controller(todo), order)
+        return ShardPlan(requests, todo, StaticOrder(np.arange(len(todo))))
+    order = ShardOrder(config, requests, done)
+    return ShardPlan(requests, todo, order.controller(todo), order)
 
 
 class ShardOrder:
     """One shard's requests, their warm-up sample, the lengths learnt so far and the policy over them."""
 
-    def __init__(self, config: RunConfig, runs: list[str], done: dict[str, int]) -> None:
+    def __init__(self, config: RunConfig, requests: pa.Table, done: dict[str, int]) -> None:
         from blendserve.planner.prefix_tree import build_prefix_tree
         from blendserve.sampling import select_samples
 
         self.config = config
-        self.inputs = load_inputs(config, runs)
-        self.tree = build_prefix_tree(self.inputs.batch, self.inputs.cost)
+        self.inputs = load_inputs(config, requests)
         self.ids = self.inputs.batch.request_ids.astype(str)
         self.learns = learns_lengths(config)
-        # Every subtree holding 1/16 of the shard gets a sample (up to the sampler's 100): in a small job
-        # a 1% draw alone can miss a whole kind of request and leave it with another kind's lengths.
-        min_subtree = max(2, min(100, len(self.ids) // 16))
-        self.sampled = select_samples(self.inputs.batch, self.tree, rate=config.sample_rate, min_subtree=min_subtree,
-                                      seed=0) if self.learns else np.zeros(0, dtype=np.int64)
+        self.sampled = np.zeros(0, dtype=np.int64)  # batch indices of the warm-up sample
+        if self.learns:  # the sample and the estimator need the tree; the policy builds its own
+            self.tree = build_prefix_tree(self.inputs.batch, self.inputs.cost)
+            # Every subtree holding 1/16 of the shard gets a sample (up to the sampler's 100): in a small job
+            # a 1% draw alone can miss a whole kind of request and leave it with another kind's lengths.
+            min_subtree = max(2, min(100, len(self.ids) // 16))
+            self.sampled = select_samples(self.inputs.batch, self.tree, rate=config.sample_rate,
+                                          min_subtree=min_subtree, seed=0)
         self.lengths = {int(b): done[self.ids[b]] for b in self.sampled if self.ids[b] in done}  # batch index -> tokens
         self.todo_index = np.zeros(0, dtype=np.int64)  # batch index of each engine index
         self.run: "WarmupController | None" = None  # the warm-up controller of this try's engine run
