@@ -35,13 +35,18 @@ PAPER = {"8b": {"opt": 0.8655, "speedup": 1.2084, "sharing": 0.97, "dfs_opt": 0.
          "70b": {"opt": 0.908, "speedup": 1.2084, "sharing": 0.97, "dfs_opt": None}}
 
 
-def print_mix(mix: str, report: dict) -> None:
+def result_name(setup: str, requests: int) -> str:
+    """policies-8b for the 40k-request default, policies-8b-400k for the paper's job size."""
+    return f"policies-{setup}" + ("" if requests == 40_000 else f"-{requests // 1000}k")
+
+
+def print_mix(mix: str, report: dict, policies: list[str]) -> None:
     rows = {row["policy"]: row for row in report["policies"]}
     print(f"\n{mix}: {report['requests']:,} requests, T_opt {report['t_opt_s']:,.1f} s "
           f"(C* {report['c_star_s']:,.1f}, M* {report['m_star_s']:,.1f}, S_min {report['min_steps']:,.0f} steps), "
           f"token budget {report['token_budget']}, KV {report['kv_capacity_tokens']:,} tokens")
     print(f"  {'policy':<20}{'time s':>10}{'of T_opt':>10}{'vs dfs':>9}{'sharing/dfs':>13}{'prefix hits':>13}")
-    for name in POLICIES:
+    for name in policies:
         r = rows[name]
         print(f"  {name:<20}{r['time_s']:>10,.1f}{r['fraction_of_optimum']:>10.1%}"
               f"{rows['dfs']['time_s'] / r['time_s']:>8.2f}x{r['sharing_vs_dfs']:>13.1%}{r['prefix_hit_ratio']:>13.1%}"
@@ -62,6 +67,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=40_000)
     ap.add_argument("--setup", choices=sorted(SETUPS), default="8b")
     ap.add_argument("--mixes", nargs="+", default=list(MIXES))
+    ap.add_argument("--policies", nargs="+", default=POLICIES, help="a subset, in table order (default: all)")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens per step; default: resource-aware")
     ap.add_argument("--estimates", choices=["warmup", "default"], default="warmup")
     ap.add_argument("--out", action="store_true", help="write bench/results/policies-<setup>.json and PNGs")
@@ -72,18 +78,19 @@ def main() -> None:
     for mix in args.mixes:
         batch, built = load_mix(mix, args.requests, setup)
         estimates = warmup_estimates(batch, cost, true_outputs(batch)) if args.estimates == "warmup" else None
-        report = compare_policies(batch, cost, config, POLICIES, estimates=estimates)
+        report = compare_policies(batch, cost, config, args.policies, estimates=estimates)
         print(f"\n{mix}: achieved density {built['density']:.2f}, sharing {built['sharing']:.1%}, "
               f"requests per source {built['counts']}", end="")
-        print_mix(mix, report)
+        print_mix(mix, report, args.policies)
         mixes.append({"mix": mix, "achieved": {k: built[k] for k in ("density", "sharing", "counts")}, **report})
-    summary = summarize(mixes, POLICIES)
+    summary = summarize(mixes, args.policies)
     print_summary(summary, PAPER[setup.key])
     if args.out:
-        pngs = [policy_bars(mixes, POLICIES, metric, setup.label, img_path(f"policies-{setup.key}-{metric}.png")).name
+        pngs = [policy_bars(mixes, args.policies, metric, setup.label,
+                            img_path(f"{result_name(setup.key, args.requests)}-{metric}.png")).name
                 for metric in ("fraction_of_optimum", "sharing_vs_dfs")]
-        write_result(f"policies-{setup.key}", {"setup": setup.label, "requests": args.requests, "estimates": args.estimates,
-                                               "policies": POLICIES, "mixes": mixes, "summary": summary,
+        write_result(result_name(setup.key, args.requests), {"setup": setup.label, "requests": args.requests, "estimates": args.estimates,
+                                               "policies": args.policies, "mixes": mixes, "summary": summary,
                                                "paper": PAPER[setup.key], "pngs": pngs})
 
 

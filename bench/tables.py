@@ -16,7 +16,8 @@ def summarize(mixes: list[dict], policies: list[str]) -> dict:
         "dfs_opt": float(np.mean([r["dfs"]["fraction_of_optimum"] for r in rows])),
         "speedup": float(np.mean([r["dfs"]["time_s"] / r["blendserve"]["time_s"] for r in rows])),
         "sharing": float(np.mean([r["blendserve"]["sharing_vs_dfs"] for r in rows])),
-        "balance_sharing": float(np.mean([r["balance"]["sharing_vs_dfs"] for r in rows])),
+        "balance_sharing": (float(np.mean([r["balance"]["sharing_vs_dfs"] for r in rows]))
+                            if "balance" in policies else None),
         "vs_best_other": float(np.mean(vs_best)), "vs_best_baseline": float(min(vs_best)),
         "best_other": sorted(set(best_other)),
     }

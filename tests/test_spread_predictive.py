@@ -13,7 +13,7 @@ from blendserve.planner.groups import leaf_groups
 from blendserve.planner.plan import ordered_leaves, scan_items
 from blendserve.planner.predictive import choose, subsample
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
-from blendserve.planner.spread import hot_depth, spread_keys, spread_order, unit_cuts
+from blendserve.planner.spread import cap_units, hot_depth, spread_keys, spread_order, unit_cuts
 from blendserve.planner.synthetic import synthetic_batch
 from blendserve.policies import PolicyContext, make_controller
 
@@ -71,12 +71,45 @@ def test_spread_blends_memory_heavy_work_across_the_run() -> None:
     assert heavy[first_fifth].mean() == pytest.approx(heavy.mean(), abs=0.1)
 
 
+def test_cap_splits_memory_heavy_units_only() -> None:
+    """A run of long decodes sharing one prompt (one unit by sharing) is cut into units of about the cap."""
+    light, heavy = 50, 40
+    kv = np.concatenate([np.full(light, 800.0), np.random.default_rng(0).integers(9_000, 24_000, heavy).astype(float)])
+    items = ScanItems(
+        requests=np.arange(light + heavy), group=np.repeat([0, 1], [light, heavy]), group_density=np.array([30.0, 0.1]),
+        kv_charge=kv, target_density=1.4, output_est=kv - 30.0, shared_prompt=np.full(light + heavy, 30.0),
+    )
+    cuts = np.zeros(light + heavy, dtype=bool)
+    cuts[[0, light]] = True  # two units: the light run, the heavy run
+    capped = cap_units(items, cuts, max_unit_kv=50_000.0)
+    assert np.all(capped[cuts]) and not capped[1:light].any()  # old cuts kept, the light unit untouched
+    unit = np.cumsum(capped) - 1
+    unit_kv = np.bincount(unit, weights=kv)[unit[light]:]
+    assert len(unit_kv) > 6 and np.all(unit_kv <= 50_000.0 + kv[light:].max())
+    assert np.all(unit_kv[:-1] > 50_000.0 - kv[light:].max())  # cut only where the cap is reached
+
+
 def test_lead_compresses_memory_heavy_strata() -> None:
     _, _, tree, items = _job(1500, 5)
     cuts = unit_cuts(tree, items)
     heavy = items.group_density[items.group] < items.target_density
     led, even = spread_keys(items, cuts, lead=0.2), spread_keys(items, cuts, lead=0.0)
     assert np.allclose(led[heavy], 0.8 * even[heavy]) and np.array_equal(led[~heavy], even[~heavy])
+
+
+def test_deadline_ends_long_decode_strata_in_time() -> None:
+    """With the run's steps known, a stratum of long decodes stops starting them ``deadline x longest`` before the end."""
+    _, _, tree, items = _job(1500, 5)
+    cuts = unit_cuts(tree, items)
+    heavy = items.group_density[items.group] < items.target_density
+    longest = float(items.output_est[heavy].max())
+    run_steps = 4.0 * longest
+    keys = spread_keys(items, cuts, lead=0.0, run_steps=run_steps, deadline=0.8)
+    even = spread_keys(items, cuts, lead=0.0)
+    assert keys[heavy].max() <= 1.0 - 0.8 * longest / run_steps + 1e-9
+    assert keys[heavy].max() < even[heavy].max() and np.array_equal(keys[~heavy], even[~heavy])
+    # a longer run leaves the same strata less lead: the deadline is in steps, not in shares of the run
+    assert spread_keys(items, cuts, lead=0.0, run_steps=40 * longest, deadline=0.8)[heavy].max() > keys[heavy].max()
 
 
 def test_subsample_keeps_rows_and_order() -> None:
@@ -117,4 +150,6 @@ def test_blendserve_choice_never_reads_true_lengths() -> None:
     batch.sim_output_tokens[:] = np.random.default_rng(0).integers(1, 3000, size=len(batch))
     second = make_controller("blendserve", context).choice  # type: ignore[attr-defined]
     assert first.name == second.name and first.predicted_s == second.predicted_s
-    assert set(first.predicted_s) == {"dual-scan", "static", "spread-0.05", "spread-0.15"}
+    assert set(first.predicted_s) == {"dual-scan", "static", "spread-0.05", "deadline-0.5", "deadline-0.8",
+                                      "deadline-1"}
+    assert first.predicted_s[first.name] == min(first.predicted_s.values())

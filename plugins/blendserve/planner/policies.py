@@ -52,22 +52,35 @@ def _scan_items(context: PolicyContext, with_split: bool, tree: PrefixTree | Non
     return scan_items(context.batch, tree, leaf_order, groups, with_duplicates=True)
 
 
-# Leads of the memory-heavy strata the stratified blend is tried with: 0.05 was best on 6 of the 8 paper
-# mixes, 0.15 on 8B d1.4-s35 and d0.9-s35 (docs/PLANNER_NOTES.md); the prediction ranks them right on all 8.
-SPREAD_LEADS = (0.05, 0.15)
+# Lead of the memory-heavy strata in the fixed-lead stratified blend: best on 6 of the 8 paper mixes at 40k
+# requests (docs/PLANNER_NOTES.md). Its simulated steps time the deadline candidates.
+SPREAD_LEAD = 0.05
+# Deadline factors of the deadline candidates (spread_keys: a stratum leads by factor x its longest decode /
+# the run's steps); at 40k requests 0.5, 0.8 and 1.0 were each best on one paper mix (8B).
+DEADLINES = (0.5, 0.8, 1.0)
+# Largest estimated peak KV of a memory-heavy unit of the stratified blend, as a share of the KV capacity:
+# about one long video on the paper setups, so repeated long-decode prompts are spread one by one.
+UNIT_KV_SHARE = 0.05
 
 
-def _candidates(context: PolicyContext, tree: PrefixTree, items: ScanItems) -> dict[str, Candidate]:
-    """What ``blendserve`` chooses from: the projected dual scan, its static list, the stratified blends."""
-    candidates: dict[str, Candidate] = {
+def _unit_cuts(context: PolicyContext, tree: PrefixTree, items: ScanItems) -> np.ndarray:
+    return unit_cuts(tree, items, max_unit_kv=UNIT_KV_SHARE * context.kv_capacity_tokens)
+
+
+def _candidates(context: PolicyContext, items: ScanItems, cuts: np.ndarray) -> dict[str, Candidate]:
+    """What ``blendserve`` chooses from first: the projected dual scan, its static list, the fixed-lead blend."""
+    return {
         "dual-scan": lambda sub, kept: ProjectedDualScan(sub, context.kv_capacity_tokens),
         "static": lambda sub, kept: StaticOrder(sub.requests[static_dual_scan_order(sub)[0]]),
+        f"spread-{SPREAD_LEAD:g}": _spread_candidate(spread_keys(items, cuts, lead=SPREAD_LEAD)),
     }
-    cuts = unit_cuts(tree, items)
-    for lead in SPREAD_LEADS:
-        keys = spread_keys(items, cuts, lead=lead)  # for the job's items; a subsample takes its own
-        candidates[f"spread-{lead:g}"] = _spread_candidate(keys)
-    return candidates
+
+
+def _deadline_candidates(items: ScanItems, cuts: np.ndarray, run_steps: float) -> dict[str, Candidate]:
+    """Stratified blends whose memory-heavy strata end in time for a run of ``run_steps`` steps (no fixed lead)."""
+    return {f"deadline-{factor:g}": _spread_candidate(spread_keys(items, cuts, lead=0.0, run_steps=run_steps,
+                                                                 deadline=factor))
+            for factor in DEADLINES}
 
 
 def _spread_candidate(keys: np.ndarray) -> Candidate:
@@ -88,15 +101,22 @@ def blendserve_nosplit(context: PolicyContext) -> AdmissionController:
 def blendserve(context: PolicyContext) -> AdmissionController:
     """Layer-wise sort, conditional splitting (99% of DFS sharing kept), then the admission predicted fastest.
 
-    Each candidate (``_candidates``) is simulated on the estimated lengths
-    (``predictive.choose``); the chosen one is built afresh for the job.
+    Each candidate is simulated on the estimated lengths
+    (``predictive.choose``) in two rounds: ``_candidates``, then the deadline
+    blends timed by the fixed-lead blend's simulated steps (scaled to the job
+    when a subsample stood for it). The chosen one is built afresh for the job.
     """
     tree = _tree(context)
     items = _scan_items(context, with_split=True, tree=tree)
-    candidates = _candidates(context, tree, items)
-    choice = choose(context.batch, items, context.output_estimates, context.cost_model,
-                    context.kv_capacity_tokens, candidates, seed=context.seed)
-    return ChosenAdmission(candidates[choice.name](items, np.arange(len(items.requests))), items, choice)
+    cuts = _unit_cuts(context, tree, items)
+    candidates = _candidates(context, items, cuts)
+    args = (context.batch, items, context.output_estimates, context.cost_model, context.kv_capacity_tokens)
+    choice = choose(*args, candidates, seed=context.seed)
+    run_steps = choice.steps[f"spread-{SPREAD_LEAD:g}"] * len(items.requests) / max(choice.sample, 1)
+    deadline = _deadline_candidates(items, cuts, run_steps)
+    choice = choice.merged(choose(*args, deadline, seed=context.seed))
+    chosen = {**candidates, **deadline}[choice.name]
+    return ChosenAdmission(chosen(items, np.arange(len(items.requests))), items, choice)
 
 
 @register("blendserve-static")
@@ -112,4 +132,4 @@ def blendserve_spread(context: PolicyContext) -> AdmissionController:
     """The stratified blend (``planner.spread``): density strata spread evenly, prefix units kept whole."""
     tree = _tree(context)
     items = _scan_items(context, with_split=True, tree=tree)
-    return StaticOrder(items.requests[np.argsort(spread_keys(items, unit_cuts(tree, items)), kind="stable")])
+    return StaticOrder(items.requests[np.argsort(spread_keys(items, _unit_cuts(context, tree, items)), kind="stable")])
