@@ -61,12 +61,18 @@ def section(title: str, result: str, make: Callable[[dict], str], command: str) 
     return f"## {title}\n\n{body}"
 
 
-def headline(p8: dict | None, p70: dict | None, grid: dict | None) -> str:
+# The policies results, in headline and section order: (file, setup label). 400k is the paper's job size.
+POLICY_RESULTS = [("policies-8b-400k", "8B, 1 GPU"), ("policies-70b-400k", "70B, 8 GPUs TP 8"),
+                  ("policies-8b", "8B, 1 GPU"), ("policies-70b", "70B, 8 GPUs TP 8")]
+
+
+def headline(results: list[tuple[dict | None, str]], grid: dict | None) -> str:
     """Our means against the paper's, from whichever results exist."""
     rows = ["| figure | paper | here |", "|---|---|---|"]
-    for data, label in ((p8, "8B, 1 GPU"), (p70, "70B, 8 GPUs TP 8")):
+    for data, setup in results:
         if data is None:
             continue
+        label = f"{setup}, {data['requests'] // 1000}k requests"
         s, paper = summarize(data["mixes"], data["policies"]), data["paper"]
         rows.append(f"| blendserve, % of optimum ({label}) | {paper['opt']:.2%} | {s['opt']:.1%} |")
         dfs_paper = f"{paper['dfs_opt']:.1%}" if paper.get("dfs_opt") else "-"
@@ -74,7 +80,8 @@ def headline(p8: dict | None, p70: dict | None, grid: dict | None) -> str:
         rows.append(f"| blendserve over dfs ({label}) | +{paper['speedup'] - 1:.2%} (over its best DFS system) "
                     f"| {s['speedup'] - 1:+.1%} |")
         rows.append(f"| blendserve prefix sharing, % of dfs ({label}) | > {paper['sharing']:.0%} | {s['sharing']:.1%} |")
-        rows.append(f"| random order (balance) sharing, % of dfs ({label}) | < 30% | {s['balance_sharing']:.1%} |")
+        if s["balance_sharing"] is not None:
+            rows.append(f"| random order (balance) sharing, % of dfs ({label}) | < 30% | {s['balance_sharing']:.1%} |")
         rows.append(f"| blendserve over the best other policy per mix, mean / worst ({label}) | - "
                     f"| {s['vs_best_other']:.2f}x / {s['vs_best_baseline']:.2f}x |")
     if grid is not None:
@@ -86,15 +93,19 @@ def headline(p8: dict | None, p70: dict | None, grid: dict | None) -> str:
 
 
 def render() -> str:
-    p8, p70, grid = load("policies-8b"), load("policies-70b"), load("grid")
+    grid = load("grid")
     parts = [
         INTRO,
-        headline(p8, p70, grid),
+        headline([(load(name), setup) for name, setup in POLICY_RESULTS], grid),
         fragment("commentary.md", ""),
-        section("Paper mixes: Llama-3.1-8B on one A100-80G", "policies-8b", policies_section,
+        section("Paper mixes at the paper's size (400k requests): Llama-3.1-8B on one A100-80G", "policies-8b-400k",
+                policies_section, "bench/bench_policies.py --setup 8b --requests 400000 --out"),
+        section("Paper mixes at the paper's size (400k requests): Llama-3.1-70B on 8 A100-80G, tensor parallel",
+                "policies-70b-400k", policies_section, "bench/bench_policies.py --setup 70b --requests 400000 --out"),
+        section("Paper mixes at 40k requests: Llama-3.1-8B on one A100-80G", "policies-8b", policies_section,
                 "bench/bench_policies.py --setup 8b --out"),
-        section("Paper mixes: Llama-3.1-70B on 8 A100-80G, tensor parallel", "policies-70b", policies_section,
-                "bench/bench_policies.py --setup 70b --out"),
+        section("Paper mixes at 40k requests: Llama-3.1-70B on 8 A100-80G, tensor parallel", "policies-70b",
+                policies_section, "bench/bench_policies.py --setup 70b --out"),
         section("Utilization over time (the paper's Figure 10)", "timeline", timeline_section,
                 "bench/bench_timeline.py --out"),
         section("Sensitivity grid: 65 mixes", "grid", grid_section, "bench/bench_grid.py --out"),

@@ -134,7 +134,7 @@ def planner_section(data: dict) -> str:
     intro = (f"Synthetic requests (mean prompt 500 tokens, 60% in shared family prefixes), {data['shards']} shards, "
              f"each size in a fresh process. Targets at 1M: plan <= {t['plan_s']:.0f} s, peak <= {t['peak_gb']:.0f} GB. "
              "Last column: the order a shard builds over all the requests with `blendserve` (tree, split and the "
-             "model-predictive choice on at most 40k of them), its seconds, the process peak after it, and the "
+             "model-predictive choice on at most 400k of them), its seconds, the process peak after it, and the "
              "candidate chosen.")
     header = ["requests", "plan s", "tree", "sort+split", "dual scan", "shards", "peak GB", "token ids GB",
               "sharing kept", "shard imbalance", "shard order: s / peak GB / chose"]

@@ -13,7 +13,8 @@ def test_render_has_every_section(monkeypatch) -> None:
     import render
 
     page = render.render()
-    for title in ("Headline against the paper", "Paper mixes: Llama-3.1-8B", "Paper mixes: Llama-3.1-70B",
+    for title in ("Headline against the paper", "Paper mixes at 40k requests: Llama-3.1-8B",
+                  "Paper mixes at 40k requests: Llama-3.1-70B",
                   "Sensitivity grid", "Warm-up sampling", "Planner scaling", "Simulator scaling"):
         assert f"## {title}" in page
     for result in render.RESULTS.glob("*.json"):

@@ -96,7 +96,7 @@ def spread_keys(items: ScanItems, cuts: np.ndarray, width: float = 0.1, lead: fl
     engine steps the run is predicted to take), a memory-heavy stratum leads
     by at least ``deadline`` x its longest estimated decode / ``run_steps``,
     so its last decodes end near the run's end whatever the job's size: the
-    same 24k-token video is a third of a 40k-request run and 1% of a 400k one.
+    same 24k-token video is a third of a 40k-request run and 1-4% of a 400k one.
     """
     compute, reads = item_work(items)
     work = compute / max(float(compute.sum()), 1e-12) + reads / max(float(reads.sum()), 1e-12)
