@@ -46,7 +46,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=40_000)
     ap.add_argument("--setup", choices=sorted(SETUPS), default="8b")
     ap.add_argument("--bins", type=int, default=200)
-    ap.add_argument("--out", action="store_true", help="write bench/results/timeline.json and the PNG")
+    ap.add_argument("--out", action="store_true",
+                    help="write bench/results/timeline.json (timeline-400k.json at 400k requests) and the PNG")
     args = ap.parse_args()
     setup, config = SETUPS[args.setup], SimConfig()
     cost, (batch, _) = setup.cost(), load_mix(args.mix, args.requests, setup)
@@ -62,8 +63,9 @@ def main() -> None:
               f"memory {rows[-1]['mean_memory_util']:.1%}")
     if args.out:
         title = f"Utilization over time, {args.mix}, {args.requests:,} requests ({setup.label})"
-        png = utilization_timeline(series, title, img_path(f"timeline-{setup.key}-{args.mix}.png"))
-        write_result("timeline", {"setup": setup.label, "mix": args.mix, "requests": args.requests, "rows": rows,
+        size = "" if args.requests == 40_000 else f"-{args.requests // 1000}k"  # 40k: the quick mode's file names
+        png = utilization_timeline(series, title, img_path(f"timeline-{setup.key}-{args.mix}{size}.png"))
+        write_result(f"timeline{size}", {"setup": setup.label, "mix": args.mix, "requests": args.requests, "rows": rows,
                                   "png": png.name})
 
 
