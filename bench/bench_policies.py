@@ -50,7 +50,9 @@ def print_mix(mix: str, report: dict, policies: list[str]) -> None:
         r = rows[name]
         print(f"  {name:<20}{r['time_s']:>10,.1f}{r['fraction_of_optimum']:>10.1%}"
               f"{rows['dfs']['time_s'] / r['time_s']:>8.2f}x{r['sharing_vs_dfs']:>13.1%}{r['prefix_hit_ratio']:>13.1%}"
-              + (f"  (chose {r['chosen']})" if r.get("chosen") else ""))
+              + (f"  (chose {r['chosen']}" if r.get("chosen") else "")
+              + (f", predicted {r['predicted_fraction']:.1%})" if r.get("predicted_fraction") else
+                 (")" if r.get("chosen") else "")))
 
 
 def print_summary(summary: dict, paper: dict) -> None:

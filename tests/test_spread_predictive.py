@@ -153,3 +153,19 @@ def test_blendserve_choice_never_reads_true_lengths() -> None:
     assert set(first.predicted_s) == {"dual-scan", "static", "spread-0.05", "deadline-0.5", "deadline-0.8",
                                       "deadline-1"}
     assert first.predicted_s[first.name] == min(first.predicted_s.values())
+
+
+def test_compare_reports_the_choice_and_its_prediction() -> None:
+    """The bench rows name blendserve's pick and its predicted fraction of T_opt (whole job simulated)."""
+    from blendserve.sim.compare import compare_policies
+    from blendserve.sim.simulator import SimConfig
+
+    batch, estimates, _, _ = _job(500, 9)
+    report = compare_policies(batch, COST, SimConfig(kv_capacity_tokens=60_000), ["fcfs", "blendserve"],
+                              estimates=estimates)
+    rows = {r["policy"]: r for r in report["policies"]}
+    assert rows["fcfs"]["chosen"] is None and rows["fcfs"].get("predicted_fraction") is None
+    context = PolicyContext(batch, estimates, COST, 60_000, seed=0)
+    choice = make_controller("blendserve", context).choice  # type: ignore[attr-defined]
+    assert rows["blendserve"]["chosen"] == choice.name
+    assert rows["blendserve"]["predicted_fraction"] == pytest.approx(report["t_opt_s"] / choice.predicted_s[choice.name])

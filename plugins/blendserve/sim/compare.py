@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,6 +12,9 @@ from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.costmodel import CostModel, batch_t_opt
 from blendserve.policies import POLICIES, PolicyContext, make_controller
 from blendserve.sim.simulator import SimConfig, SimResult, kv_capacity_tokens, simulate
+
+if TYPE_CHECKING:  # the planner imports the simulator: no import at run time
+    from blendserve.planner.predictive import Choice
 
 
 def true_outputs(batch: RequestBatch) -> np.ndarray:
@@ -60,16 +64,17 @@ def compare_policies(
     context = PolicyContext(batch, estimates, cost, kv_capacity_tokens(cost, config), seed)
     optimum = batch_t_opt(cost, batch, outputs, config.overlap, context.kv_capacity_tokens)
     results: dict[str, tuple[SimResult, float]] = {}
-    chosen: dict[str, str] = {}  # policy -> the admission it chose by prediction (blendserve), when it says
+    chosen: dict[str, dict] = {}  # policy -> what it chose by prediction (blendserve), when it says
     for name in policies + (["dfs"] if "dfs" in POLICIES and "dfs" not in policies else []):
         started = time.monotonic()
         controller = make_controller(name, context)
         if getattr(controller, "choice", None) is not None:
-            chosen[name] = controller.choice.name
+            chosen[name] = _chosen(controller.choice, len(batch), optimum.time)
         result = simulate(batch, outputs, cost, controller, config)
         results[name] = (result, time.monotonic() - started)
     dfs_hits = results["dfs"][0].hit_tokens if "dfs" in results else None
-    rows = [{**_row(name, *results[name], optimum.time, dfs_hits), "chosen": chosen.get(name)} for name in policies]
+    rows = [{**_row(name, *results[name], optimum.time, dfs_hits), "chosen": None, **chosen.get(name, {})}
+            for name in policies]
     return {
         "requests": len(batch), "input_tokens": int(batch.prompt_lens.sum()), "output_tokens": int(outputs.sum()),
         "model": cost.model.name, "hardware": f"{cost.hardware.name} x{cost.hardware.tp}",
@@ -77,6 +82,14 @@ def compare_policies(
         "token_budget": results[policies[0]][0].token_budget if policies else None, "min_steps": optimum.min_steps,
         "t_opt_s": optimum.time, "c_star_s": optimum.comp, "m_star_s": optimum.mem, "policies": rows,
     }
+
+
+def _chosen(choice: Choice, requests: int, t_opt: float) -> dict:
+    """The candidate a predictive policy chose, and its predicted fraction of T_opt when the whole job was
+    simulated (a subsample's time has no T_opt to compare with)."""
+    predicted = choice.predicted_s[choice.name]
+    whole = choice.sample == requests and predicted > 0
+    return {"chosen": choice.name, "predicted_fraction": t_opt / predicted if whole else None}
 
 
 def _row(name: str, result: SimResult, wall: float, t_opt: float, dfs_hits: int | None) -> dict:
