@@ -8,8 +8,8 @@ prefixes, 30% of families memory-heavy. Prints wall seconds per stage and
 peak resident memory, with the request batch itself (2 GB of token ids at
 1M) shown apart from the whole process peak. Then, in the same process, the
 order one shard builds over all of them with the ``blendserve`` policy (tree,
-split, and the model-predictive choice: four candidates simulated on at
-most 40k requests) and which candidate it chose.
+split, and the model-predictive choice: six candidates in two rounds,
+simulated on at most 400k requests) and which candidate it chose.
 """
 
 from __future__ import annotations

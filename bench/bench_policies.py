@@ -24,20 +24,15 @@ import blendserve.planner  # noqa: F401  (registers dfs, density, blendserve-nos
 from blendserve.sim import SimConfig
 from blendserve.sim.compare import compare_policies, true_outputs, warmup_estimates
 from blendserve.workload import MIXES
-from common import SETUPS, img_path, load_mix, write_result
+from common import SETUPS, img_path, load_mix, size_suffix, write_result
 from plots import policy_bars
-from tables import summarize
+from tables import chose_label, summarize
 
 POLICIES = ["fcfs", "balance", "density", "dfs", "blendserve-nosplit", "blendserve-static", "blendserve-spread",
             "blendserve"]
 # The paper's averages (docs: ../shared/DESIGN.md section 10); the 70B figure is its 8-GPU result.
 PAPER = {"8b": {"opt": 0.8655, "speedup": 1.2084, "sharing": 0.97, "dfs_opt": 0.717},
          "70b": {"opt": 0.908, "speedup": 1.2084, "sharing": 0.97, "dfs_opt": None}}
-
-
-def result_name(setup: str, requests: int) -> str:
-    """policies-8b for the 40k-request default, policies-8b-400k for the paper's job size."""
-    return f"policies-{setup}" + ("" if requests == 40_000 else f"-{requests // 1000}k")
 
 
 def print_mix(mix: str, report: dict, policies: list[str]) -> None:
@@ -50,9 +45,7 @@ def print_mix(mix: str, report: dict, policies: list[str]) -> None:
         r = rows[name]
         print(f"  {name:<20}{r['time_s']:>10,.1f}{r['fraction_of_optimum']:>10.1%}"
               f"{rows['dfs']['time_s'] / r['time_s']:>8.2f}x{r['sharing_vs_dfs']:>13.1%}{r['prefix_hit_ratio']:>13.1%}"
-              + (f"  (chose {r['chosen']}" if r.get("chosen") else "")
-              + (f", predicted {r['predicted_fraction']:.1%})" if r.get("predicted_fraction") else
-                 (")" if r.get("chosen") else "")))
+              + chose_label(r))
 
 
 def print_summary(summary: dict, paper: dict) -> None:
@@ -88,10 +81,10 @@ def main() -> None:
     summary = summarize(mixes, args.policies)
     print_summary(summary, PAPER[setup.key])
     if args.out:
-        pngs = [policy_bars(mixes, args.policies, metric, setup.label,
-                            img_path(f"{result_name(setup.key, args.requests)}-{metric}.png")).name
+        name = f"policies-{setup.key}{size_suffix(args.requests)}"
+        pngs = [policy_bars(mixes, args.policies, metric, setup.label, img_path(f"{name}-{metric}.png")).name
                 for metric in ("fraction_of_optimum", "sharing_vs_dfs")]
-        write_result(result_name(setup.key, args.requests), {"setup": setup.label, "requests": args.requests, "estimates": args.estimates,
+        write_result(name, {"setup": setup.label, "requests": args.requests, "estimates": args.estimates,
                                                "policies": args.policies, "mixes": mixes, "summary": summary,
                                                "paper": PAPER[setup.key], "pngs": pngs})
 

@@ -21,7 +21,7 @@ from blendserve.sim.compare import true_outputs, warmup_estimates
 from blendserve.sim.simulator import kv_capacity_tokens
 from blendserve.sim.timeline import Timeline
 from blendserve.workload import MIXES
-from common import SETUPS, img_path, load_mix, write_result
+from common import SETUPS, img_path, load_mix, size_suffix, write_result
 from plots import utilization_timeline
 
 POLICIES = ["dfs", "blendserve"]
@@ -63,7 +63,7 @@ def main() -> None:
               f"memory {rows[-1]['mean_memory_util']:.1%}")
     if args.out:
         title = f"Utilization over time, {args.mix}, {args.requests:,} requests ({setup.label})"
-        size = "" if args.requests == 40_000 else f"-{args.requests // 1000}k"  # 40k: the quick mode's file names
+        size = size_suffix(args.requests)
         png = utilization_timeline(series, title, img_path(f"timeline-{setup.key}-{args.mix}{size}.png"))
         write_result(f"timeline{size}", {"setup": setup.label, "mix": args.mix, "requests": args.requests, "rows": rows,
                                   "png": png.name})

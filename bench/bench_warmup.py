@@ -152,7 +152,7 @@ def planning_seconds(job: "Job", observed: np.ndarray) -> float:
     estimates = estimate_outputs(job.batch, tree, sampled, observed)
     rest = np.setdiff1d(np.arange(len(job.reqs)), sampled)
     context = PolicyContext(job.batch.take(rest), estimates.mean[rest], job.cost, 100_000)
-    make_controller("blendserve", context)  # the shard's policy: four simulations, the fastest kept
+    make_controller("blendserve", context)  # the shard's policy: six simulations, the fastest kept
     return time.perf_counter() - started
 
 

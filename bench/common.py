@@ -55,6 +55,11 @@ SETUPS: dict[str, Setup] = {
 }
 
 
+def size_suffix(requests: int) -> str:
+    """Result-file suffix of a bench size: none for the quick mode's 40k requests, "-400k" for the paper's."""
+    return "" if requests == 40_000 else f"-{requests // 1000}k"
+
+
 def mix_path(name: str, requests: int, setup: Setup) -> Path:
     # the 8B files keep the name the earlier benches cached them under
     prefix = "" if setup.key == "8b" else f"{setup.key}-"

@@ -70,11 +70,16 @@ def policies_section(data: dict) -> str:
 
 def _ratios(rows: dict[str, dict], name: str) -> str:
     r = rows[name]
-    chose = f" ({r['chosen']})" if r.get("chosen") else ""  # the admission blendserve picked by prediction
-    if r.get("predicted_fraction"):  # and what its prediction on the estimates said
-        chose = f" ({r['chosen']}, predicted {r['predicted_fraction']:.1%})"
     return (f"{r['fraction_of_optimum']:.1%} / {rows['dfs']['time_s'] / r['time_s']:.2f} / {r['sharing_vs_dfs']:.0%}"
-            f"{chose}")
+            f"{chose_label(r)}")
+
+
+def chose_label(row: dict) -> str:
+    """" (candidate, predicted x%)": the admission blendserve picked by prediction and what the prediction said."""
+    if not row.get("chosen"):
+        return ""
+    predicted = f", predicted {row['predicted_fraction']:.1%}" if row.get("predicted_fraction") else ""
+    return f" ({row['chosen']}{predicted})"
 
 
 def timeline_section(data: dict) -> str:

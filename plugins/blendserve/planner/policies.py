@@ -16,7 +16,7 @@ from blendserve.planner.dual_scan import ScanItems, static_dual_scan_order
 from blendserve.planner.dual_scan_projected import ProjectedDualScan
 from blendserve.planner.groups import leaf_groups
 from blendserve.planner.plan import ordered_leaves, requests_along, scan_items
-from blendserve.planner.predictive import Candidate, ChosenAdmission, choose
+from blendserve.planner.predictive import Candidate, ChosenAdmission, Predictor
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
 from blendserve.planner.sort_split import dfs_order
 from blendserve.planner.spread import spread_keys, unit_cuts
@@ -55,6 +55,7 @@ def _scan_items(context: PolicyContext, with_split: bool, tree: PrefixTree | Non
 # Lead of the memory-heavy strata in the fixed-lead stratified blend: best on 6 of the 8 paper mixes at 40k
 # requests (docs/PLANNER_NOTES.md). Its simulated steps time the deadline candidates.
 SPREAD_LEAD = 0.05
+SPREAD = f"spread-{SPREAD_LEAD:g}"  # its candidate's name
 # Deadline factors of the deadline candidates (spread_keys: a stratum leads by factor x its longest decode /
 # the run's steps); at 40k requests 0.5, 0.8 and 1.0 were each best on one paper mix (8B).
 DEADLINES = (0.5, 0.8, 1.0)
@@ -72,7 +73,7 @@ def _candidates(context: PolicyContext, items: ScanItems, cuts: np.ndarray) -> d
     return {
         "dual-scan": lambda sub, kept: ProjectedDualScan(sub, context.kv_capacity_tokens),
         "static": lambda sub, kept: StaticOrder(sub.requests[static_dual_scan_order(sub)[0]]),
-        f"spread-{SPREAD_LEAD:g}": _spread_candidate(spread_keys(items, cuts, lead=SPREAD_LEAD)),
+        SPREAD: _spread_candidate(spread_keys(items, cuts, lead=SPREAD_LEAD)),
     }
 
 
@@ -110,11 +111,12 @@ def blendserve(context: PolicyContext) -> AdmissionController:
     items = _scan_items(context, with_split=True, tree=tree)
     cuts = _unit_cuts(context, tree, items)
     candidates = _candidates(context, items, cuts)
-    args = (context.batch, items, context.output_estimates, context.cost_model, context.kv_capacity_tokens)
-    choice = choose(*args, candidates, seed=context.seed)
-    run_steps = choice.steps[f"spread-{SPREAD_LEAD:g}"] * len(items.requests) / max(choice.sample, 1)
+    predictor = Predictor(context.batch, items, context.output_estimates, context.cost_model,
+                          context.kv_capacity_tokens, seed=context.seed)
+    choice = predictor.choose(candidates)
+    run_steps = choice.steps[SPREAD] * len(items.requests) / max(choice.sample, 1)
     deadline = _deadline_candidates(items, cuts, run_steps)
-    choice = choice.merged(choose(*args, deadline, seed=context.seed))
+    choice = choice.merged(predictor.choose(deadline))
     chosen = {**candidates, **deadline}[choice.name]
     return ChosenAdmission(chosen(items, np.arange(len(items.requests))), items, choice)
 
