@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from blendserve import storage
@@ -16,6 +19,35 @@ from blendserve.model_prep import REPO_ROOT
 from blendserve.storage import StoragePath
 
 ENGINES = ("vllm", "transformers", "simulator")
+
+# Run ids name folders, DuckDB rows and export files, and reach DuckDB's read_parquet inside paths:
+# one safe alphabet, no glob characters, no path separators, no leading dot or dash (so never '..').
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+class ConfigError(ValueError):
+    """A setting or input that no retry can fix (bad path, bad parameter, unknown model): fail at once."""
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` itself, if it is made of the safe alphabet; else ConfigError naming the rule."""
+    if not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
+        raise ConfigError(f"run id {run_id!r} is not allowed: use 1-128 of A-Z a-z 0-9 . _ -, "
+                          "starting with a letter, digit or '_', and no '..'")
+    return run_id
+
+
+def new_run_id(prefix: str = "run") -> str:
+    """A fresh run id: the time to the millisecond plus a random suffix, so two runs never share a folder."""
+    now = datetime.now(timezone.utc)
+    return f"{prefix}-{now:%Y%m%d-%H%M%S}-{now.microsecond // 1000:03d}-{secrets.token_hex(3)}"
+
+
+def safe_run_id(text: str) -> str:
+    """Any id (an Airflow run id such as ``manual__2026-11-30T15:00:00+00:00``) mapped into the safe
+    alphabet; callers keep the original beside it, since the mapping is not one to one."""
+    mapped = re.sub(r"\.(?=\.)", "_", re.sub(r"[^A-Za-z0-9._-]", "_", text))[:128]
+    return check_run_id(mapped if mapped[:1].isalnum() or mapped[:1] == "_" else "_" + mapped[:127])
 
 
 @dataclass

@@ -15,12 +15,13 @@ import os
 from pathlib import Path
 
 from blendserve import storage
+from blendserve.config import ConfigError
 from blendserve.model_prep import REPO_ROOT
 
 Root = Path | str  # a resolved local folder, or an object-storage URL
 
 
-class PathOutsideRoots(ValueError):
+class PathOutsideRoots(ConfigError):
     """A path that resolves outside every data root."""
 
 
