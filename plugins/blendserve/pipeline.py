@@ -71,7 +71,7 @@ def plan_step(config: RunConfig) -> list[int]:
     with phase(f"plan ({config.policy})"):
         rows = plan_rows(config, load_inputs(config))
     storage.atomic_write_parquet(rows, config.plan_path)
-    saved = rows.num_rows - pc.sum(pc.equal(rows.column("request_id"), rows.column("answered_by"))).as_py()
+    saved = rows.num_rows - pc.sum(pc.equal(rows.column("request_id"), rows.column("answered_by")), min_count=0).as_py()
     with store.connect(config.db) as con:
         store.put_plan(con, config.run_id, config.plan_path)
         store.put_metrics(con, config.run_id, {"dedupe_saved": saved})  # inferences identical requests did not need

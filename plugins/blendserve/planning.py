@@ -128,7 +128,7 @@ def _ordered_rows(config: RunConfig, inputs: Inputs, estimates: np.ndarray) -> p
     cuts = np.linspace(0, len(order), config.shards + 1).astype(int)
     shard = np.repeat(np.arange(config.shards), np.diff(cuts))
     position = np.arange(len(order)) - cuts[shard]
-    ids = batch.request_ids[order].astype(str).tolist()
+    ids = batch.request_ids[order].tolist()
     return pa.table({"request_id": ids, "shard": shard.astype(np.int32), "position": position.astype(np.int32),
                      "est_output_tokens": estimates[order].astype(np.int32), "answered_by": ids})
 
@@ -183,7 +183,7 @@ class ShardOrder:
 
         self.config = config
         self.inputs = load_inputs(config, requests)
-        self.ids = self.inputs.batch.request_ids.astype(str)
+        self.ids = self.inputs.batch.request_ids.astype(object)  # not str: numpy drops trailing NULs
         self.learns = learns_lengths(config)
         self.sampled = np.zeros(0, dtype=np.int64)  # batch indices of the warm-up sample
         if self.learns:  # the sample and the estimator need the tree; the policy builds its own

@@ -55,6 +55,9 @@ def ingest(pattern: str, requests_path: PathLike, rejects_path: PathLike, tokeni
     report = IngestReport(len(files), sink.read, sink.accepted, sink.rejected, str(requests_path), str(rejects_path))
     report.check()
     log.info("ingest: read %d, accepted %d, rejected %d", report.read, report.accepted, report.rejected)
+    if not report.accepted:  # the run still finishes: every row is in rejects, with its reason
+        log.warning("ingest accepted no request from %s (%d rejected): the run will have no outputs",
+                    pattern, report.rejected)
     return report
 
 
@@ -67,7 +70,7 @@ class _Sink:
         self.rejects = pq.ParquetWriter(rejects_path, REJECT_SCHEMA)
         self.pending: list[tuple[RawRecord, Normalized]] = []
         self.reject_rows: list[dict] = []
-        self.seen_ids: set[str] = set()
+        self.seen_ids: set[str] = set()  # ids of accepted rows
         self.read = self.accepted = self.rejected = 0
 
     def add(self, record: RawRecord) -> None:
@@ -79,8 +82,8 @@ class _Sink:
         except Reject as err:
             return self._reject(record, str(err))
         if request.request_id in self.seen_ids:
-            return self._reject(record, f"duplicate custom_id {request.request_id!r}: an earlier row has it (kept the first)")
-        self.seen_ids.add(request.request_id)
+            return self._reject_duplicate(record, request)
+        # a pending row with this id may still be rejected as too long: _flush_requests decides
         self.pending.append((record, request))
         if len(self.pending) >= CHUNK_ROWS:
             self._flush_requests()
@@ -99,6 +102,9 @@ class _Sink:
         if len(self.reject_rows) >= CHUNK_ROWS:
             self._flush_rejects()
 
+    def _reject_duplicate(self, record: RawRecord, request: Normalized) -> None:
+        self._reject(record, f"duplicate custom_id {request.request_id!r}: an earlier row has it (kept the first)")
+
     def _flush_rejects(self) -> None:
         if self.reject_rows:
             self.rejects.write_table(pa.Table.from_pylist(self.reject_rows, schema=REJECT_SCHEMA))
@@ -108,10 +114,13 @@ class _Sink:
         token_ids = self._tokenize([request for _, request in self.pending])
         rows = []
         for (record, request), ids in zip(self.pending, token_ids):
-            if len(ids) >= self.limits.max_model_len:
-                self.seen_ids.discard(request.request_id)  # a later valid row may reuse the id
+            if len(ids) >= self.limits.max_model_len:  # a later valid row may reuse the id
                 self._reject(record, f"prompt has {len(ids)} tokens; the model's context is {self.limits.max_model_len}")
                 continue
+            if request.request_id in self.seen_ids:
+                self._reject_duplicate(record, request)
+                continue
+            self.seen_ids.add(request.request_id)
             rows.append(_request_row(record, request, ids, self.limits.max_model_len))
         if rows:
             self.requests.write_table(pa.Table.from_pylist(rows, schema=REQUEST_SCHEMA))
@@ -143,7 +152,7 @@ def _request_row(record: RawRecord, request: Normalized, ids: list[int], max_mod
         "stop_json": None if request.stop is None else json.dumps(request.stop),
         "expected_output_tokens": request.expected_output_tokens,
         "sim_output_tokens": request.sim_output_tokens,
-        "metadata_json": None if request.metadata is None else json.dumps(request.metadata, ensure_ascii=False, default=str),
+        "metadata_json": request.metadata_json,
         "source_file": record.source_file,
         "source_row": record.source_row,
     }

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+import logging
 from typing import Any
 
+log = logging.getLogger(__name__)
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 ROLES = {"system", "user", "assistant", "developer"}
 MAX_STOP_STRINGS = 16
@@ -42,15 +44,28 @@ class Normalized:
     stop: list[str] | None
     expected_output_tokens: int | None
     sim_output_tokens: int | None
-    metadata: Any
+    metadata_json: str | None  # the record's metadata, as stored
 
 
 def normalize(data: dict, limits: Limits) -> Normalized:
+    """The request in ``data``, or Reject with the reason. A check that breaks on a value nobody
+    foresaw rejects that record too (logged with its traceback): one odd row never stops a job."""
+    try:
+        return _normalize(data, limits)
+    except Reject:
+        raise
+    except (TypeError, ValueError, ArithmeticError, RecursionError) as err:
+        log.warning("record could not be checked", exc_info=True)
+        raise Reject(f"record could not be checked ({type(err).__name__}: {str(err)[:200]})") from None
+
+
+def _normalize(data: dict, limits: Limits) -> Normalized:
     custom_id = data.get("custom_id")
     if custom_id is None or (isinstance(custom_id, str) and not custom_id.strip()):
         raise Reject("missing custom_id: every request needs an id to match its result")
     if not isinstance(custom_id, (str, int)) or isinstance(custom_id, bool):
         raise Reject(f"custom_id must be a string, got {type(custom_id).__name__}")
+    _check_text(str(custom_id), "custom_id")
     body, endpoint = _body_and_endpoint(data)
     prompt, messages, token_ids, endpoint = _prompt_fields(body, endpoint, limits)
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", limits.default_max_tokens))
@@ -67,16 +82,44 @@ def normalize(data: dict, limits: Limits) -> Normalized:
         stop=_stop(body.get("stop")),
         expected_output_tokens=_optional_count(data, body, "expected_output_tokens"),
         sim_output_tokens=_optional_count(data, body, "sim_output_tokens"),
-        metadata=data.get("metadata", body.get("metadata")),
+        metadata_json=_metadata_json(data.get("metadata", body.get("metadata"))),
     )
+
+
+def _check_text(text: str, name: str) -> str:
+    """``text``, if it can be stored and tokenized: JSON's ``\\ud800`` escapes give lone surrogates,
+    which are not Unicode text and which UTF-8 (Parquet, the tokenizer) cannot encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise Reject(f"{name} has a lone surrogate ({text[err.start]!r}) at character {err.start}; "
+                     "it is not valid Unicode text") from None
+    return text
+
+
+def _metadata_json(metadata: Any) -> str | None:
+    if metadata is None:
+        return None
+    try:  # default=str: Parquet inputs bring dates and decimals
+        return _check_text(json.dumps(metadata, ensure_ascii=False, default=str), "metadata")
+    except (RecursionError, ValueError) as err:
+        raise Reject(f"metadata cannot be stored as JSON: {type(err).__name__}") from None
+
+
+def _shown(value: Any) -> str:
+    """A short form of any value for a reason (dates, decimals, huge numbers included)."""
+    try:
+        return json.dumps(value, default=str)[:40]
+    except (RecursionError, ValueError):
+        return type(value).__name__
 
 
 def _body_and_endpoint(data: dict) -> tuple[dict, str | None]:
     if "body" not in data and "url" not in data:
         return data, None
     url = data.get("url")
-    if url not in ENDPOINTS:
-        raise Reject(f"unsupported endpoint {url!r}: use /v1/chat/completions or /v1/completions")
+    if not isinstance(url, str) or url not in ENDPOINTS:
+        raise Reject(f"unsupported endpoint {_shown(url)}: use /v1/chat/completions or /v1/completions")
     method = data.get("method", "POST")
     if method != "POST":
         raise Reject(f"unsupported method {method!r}: batch requests are POST")
@@ -111,7 +154,7 @@ def _prompt_text(prompt: Any) -> str:
         raise Reject(f"prompt must be a string, got {type(prompt).__name__}")
     if not prompt.strip():
         raise Reject("prompt is empty")
-    return prompt
+    return _check_text(prompt, "prompt")
 
 
 def _messages(messages: Any) -> list[dict]:
@@ -120,8 +163,9 @@ def _messages(messages: Any) -> list[dict]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise Reject(f"messages[{i}] must be an object with role and content")
-        if message.get("role") not in ROLES:
-            raise Reject(f"messages[{i}].role is {message.get('role')!r}; use one of {sorted(ROLES)}")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise Reject(f"messages[{i}].role is {_shown(role)}; use one of {sorted(ROLES)}")
         content = message.get("content")
         if isinstance(content, list):  # OpenAI content parts: only text is supported
             if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
@@ -131,7 +175,8 @@ def _messages(messages: Any) -> list[dict]:
             raise Reject(f"messages[{i}].content must be a non-empty string")
     if not any(m["role"] == "user" for m in messages):
         raise Reject("messages has no user message")
-    return [{"role": m["role"], "content": _text(m["content"])} for m in messages]
+    return [{"role": m["role"], "content": _check_text(_text(m["content"]), f"messages[{i}].content")}
+            for i, m in enumerate(messages)]
 
 
 def _text(content: Any) -> str:
@@ -151,18 +196,22 @@ def _int_in(value: Any, name: str, low: int, high: int) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise Reject(f"{name} must be an integer, got {json.dumps(value)[:40]}")
+        raise Reject(f"{name} must be an integer, got {_shown(value)}")
     if not low <= value <= high:
-        raise Reject(f"{name} = {value} is out of range [{low}, {high}]")
+        raise Reject(f"{name} = {_shown(value)} is out of range [{low}, {high}]")
     return value
 
 
 def _float_in(value: Any, name: str, low: float, high: float) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise Reject(f"{name} must be a number, got {json.dumps(value)[:40]}")
-    if not low <= float(value) <= high:
-        raise Reject(f"{name} = {value} is out of range [{low}, {high}]")
-    return float(value)
+        raise Reject(f"{name} must be a number, got {_shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        number = float("inf")
+    if not low <= number <= high:
+        raise Reject(f"{name} = {_shown(value)} is out of range [{low}, {high}]")
+    return number
 
 
 def _top_p(value: Any) -> float:
@@ -178,6 +227,8 @@ def _stop(stop: Any) -> list[str] | None:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise Reject("stop must be a non-empty string or a list of non-empty strings")
+    for i, s in enumerate(stops):
+        _check_text(s, f"stop[{i}]")
     if len(stops) > MAX_STOP_STRINGS:
         raise Reject(f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS}")
     return stops

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -16,6 +17,9 @@ from blendserve import storage
 from blendserve.storage import StoragePath
 
 RAW_LIMIT = 2000  # characters of the raw record kept for a reject
+MAX_CSV_FIELD = 1 << 26  # characters in one CSV cell (the csv module's own limit, 131,072, is below a long prompt)
+BOM = b"\xef\xbb\xbf"
+_SURROGATE = re.compile("[\udc80-\udcff]")  # an undecodable byte, as errors="surrogateescape" keeps it
 NUMERIC_CSV_COLUMNS = {"max_tokens", "seed", "expected_output_tokens", "sim_output_tokens"}
 FLOAT_CSV_COLUMNS = {"temperature", "top_p"}
 JSON_CSV_COLUMNS = {"messages", "prompt_token_ids", "stop", "metadata"}
@@ -57,6 +61,8 @@ def _truncate(text: str) -> str:
 def _read_jsonl(path: StoragePath) -> Iterator[RawRecord]:
     with path.open("rb") as f:
         for number, line in enumerate(f, start=1):
+            if number == 1:
+                line = line.removeprefix(BOM)  # editors on Windows write one; it is not part of the first record
             if not line.strip():
                 continue  # blank lines are not records
             try:
@@ -65,40 +71,125 @@ def _read_jsonl(path: StoragePath) -> Iterator[RawRecord]:
                 raw = line.decode("utf-8", errors="replace")
                 yield RawRecord(str(path), number, _truncate(raw), None, f"line is not valid UTF-8 (byte {err.start})")
                 continue
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as err:
-                yield RawRecord(str(path), number, _truncate(text), None, f"malformed JSON: {err.msg} at column {err.colno}")
-                continue
-            if not isinstance(data, dict):
-                yield RawRecord(str(path), number, _truncate(text), None, "a record must be a JSON object")
-                continue
-            yield RawRecord(str(path), number, _truncate(text.rstrip("\n")), data)
+            yield _json_record(str(path), number, text)
+
+
+def _json_record(source: str, number: int, text: str) -> RawRecord:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        return RawRecord(source, number, _truncate(text), None, f"malformed JSON: {err.msg} at column {err.colno}")
+    except ValueError as err:  # an integer beyond Python's digit limit
+        return RawRecord(source, number, _truncate(text), None, f"JSON value not accepted: {err}".split(";")[0])
+    except RecursionError:
+        return RawRecord(source, number, _truncate(text), None, "JSON nested too deeply")
+    if not isinstance(data, dict):
+        return RawRecord(source, number, _truncate(text), None, "a record must be a JSON object")
+    return RawRecord(source, number, _truncate(text.rstrip("\n")), data)
 
 
 def _read_csv(path: StoragePath) -> Iterator[RawRecord]:
-    raw_bytes = path.read_bytes()
+    """Rows stream from the file; a row with invalid UTF-8 or broken quoting is rejected alone."""
+    csv.field_size_limit(max(csv.field_size_limit(), MAX_CSV_FIELD))
+    with path.open("rb") as f:
+        lines = _CsvLines(f)
+        rows = _csv_rows(lines)
+        _, names, error = next(rows, (0, [], None))
+        if error is not None:  # without column names no row can be read: the file is one reject
+            yield RawRecord(str(path), 0, _truncate(_readable(lines.record_line)), None, f"CSV header: {error}")
+            return
+        names = [_readable(name) for name in names or []]
+        for number, (line, cells, error) in enumerate(rows, start=1):
+            raw = _truncate(_readable(lines.record_line if cells is None else json.dumps(
+                dict(zip(names, cells)), ensure_ascii=False)))
+            yield _csv_record(str(path), number, raw, names, cells, error or _not_utf8(cells, line))
+
+
+def _csv_record(source: str, number: int, raw: str, names: list[str], cells: list[str] | None,
+                error: str | None) -> RawRecord:
+    if cells is not None and len(cells) > len(names):
+        error = error or "row has more cells than the header has columns"
+    if error is not None or cells is None:
+        return RawRecord(source, number, raw, None, error)
+    row = dict(zip(names, cells))
     try:
-        text = raw_bytes.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        yield RawRecord(str(path), 0, "", None, f"file is not valid UTF-8 (byte {err.start})")
-        return
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    for number, row in enumerate(reader, start=1):
-        raw = _truncate(json.dumps(row, ensure_ascii=False))
+        return RawRecord(source, number, raw, _csv_values(row))
+    except ValueError as err:
+        return RawRecord(source, number, raw, None, str(err))
+
+
+class _CsvLines:
+    """The file's lines as text for ``csv.reader``, with where each record began, so parsing can restart
+    on the line after a record whose quote never closed (it would otherwise swallow the rest of the file).
+    Bytes that are not UTF-8 pass through as surrogate escapes, and only their row is rejected."""
+
+    def __init__(self, f) -> None:  # type: ignore[no-untyped-def]
+        self.f = f
+        self.number = 0  # lines read
+        self.offset = 0  # bytes read
+        self.record_start: tuple[int, int] | None = None  # (line number, byte offset after it) of the record read now
+        self.record_line = ""  # that line's text
+
+    def __iter__(self) -> "_CsvLines":
+        return self
+
+    def __next__(self) -> str:
+        line = self.f.readline()
+        if not line:
+            raise StopIteration
+        self.offset += len(line)
+        self.number += 1
+        if self.number == 1:
+            line = line.removeprefix(BOM)
+        text = line.decode("utf-8", errors="surrogateescape")
+        if self.record_start is None:
+            self.record_start = (self.number, self.offset)
+            self.record_line = text.rstrip("\r\n")
+        return text
+
+    def restart_after(self, start: tuple[int, int]) -> None:
+        self.number, self.offset = start
+        self.f.seek(self.offset)
+
+
+def _csv_rows(lines: _CsvLines) -> Iterator[tuple[int, list[str] | None, str | None]]:
+    """(first line, cells, None) per record, or (first line, None, why) for one that cannot be parsed."""
+    reader = csv.reader(lines, strict=True)
+    while True:
+        lines.record_start = None
         try:
-            yield RawRecord(str(path), number, raw, _csv_values(row))
-        except ValueError as err:
-            yield RawRecord(str(path), number, raw, None, str(err))
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            start = lines.record_start or (lines.number, lines.offset)
+            if str(err) == "unexpected end of data":  # a quote opened on that line never closed
+                lines.restart_after(start)
+                reader = csv.reader(lines, strict=True)
+                yield start[0], None, f"unclosed quote starting on line {start[0]}; the lines after it are read as rows"
+            else:
+                yield start[0], None, f"malformed CSV on line {lines.number}: {err}"
+            continue
+        if cells:  # blank lines are not records
+            yield lines.record_start[0] if lines.record_start else lines.number, cells, None
+
+
+def _not_utf8(cells: list[str] | None, line: int) -> str | None:
+    if cells is not None and any(_SURROGATE.search(cell) for cell in cells):
+        return f"row (line {line}) is not valid UTF-8"
+    return None
+
+
+def _readable(text: str) -> str:
+    """Text with undecodable bytes (surrogate escapes) shown as U+FFFD, so it can be stored."""
+    return text.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
 
 
 def _csv_values(row: dict) -> dict:
     """CSV cells are text: turn the known columns into numbers, lists and objects."""
     out: dict = {}
     for key, value in row.items():
-        if key is None:
-            raise ValueError("row has more cells than the header has columns")
-        if value is None or value == "":
+        if value == "":
             continue
         if key in NUMERIC_CSV_COLUMNS:
             out[key] = _parse(value, int, key)
@@ -114,17 +205,23 @@ def _csv_values(row: dict) -> dict:
 def _parse(value: str, parse, column: str):
     try:
         return parse(value)
-    except (ValueError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         raise ValueError(f"column {column!r} has {value[:50]!r}, which is not a valid {getattr(parse, '__name__', 'value')}")
 
 
 def _read_parquet(path: StoragePath) -> Iterator[RawRecord]:
+    """Rows in batches; a file (or the rest of one) that Arrow cannot read becomes one reject naming why."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     number = 0
     with path.open("rb") as f:
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=4096):
-            for row in batch.to_pylist():
-                number += 1
-                data = {k: v for k, v in row.items() if v is not None}
-                yield RawRecord(str(path), number, _truncate(json.dumps(data, default=str, ensure_ascii=False)), data)
+        try:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=4096):
+                for row in batch.to_pylist():
+                    number += 1
+                    data = {k: v for k, v in row.items() if v is not None}
+                    yield RawRecord(str(path), number, _truncate(json.dumps(data, default=str, ensure_ascii=False)), data)
+        except (pa.ArrowException, OSError, ValueError) as err:
+            where = "the file" if number == 0 else f"the rows after row {number}"
+            yield RawRecord(str(path), number + 1, "", None, f"Parquet: {where} cannot be read ({err})")

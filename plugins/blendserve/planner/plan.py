@@ -191,7 +191,7 @@ def plan_table(plan: Plan, batch: RequestBatch, cost_model: CostModel) -> pa.Tab
     d = tree.output_est[tree.request_leaf]
     table = pa.table(
         {
-            "request_id": pa.array(batch.request_ids.astype(str), pa.string()),
+            "request_id": pa.array(batch.request_ids.astype(object), pa.string()),
             "shard": pa.array(shard_of_item[item], pa.int32()),
             "position": pa.array(position[item], pa.int32()),
             "leaf_group": pa.array(plan.groups.of_position[item], pa.int32()),
@@ -199,7 +199,7 @@ def plan_table(plan: Plan, batch: RequestBatch, cost_model: CostModel) -> pa.Tab
             "prompt_tokens": pa.array(p, pa.int32()),
             "est_output_tokens": pa.array(d, pa.int32()),
             "density": pa.array(cost_model.density(cost_model.comp(p, d), cost_model.mem_time(p, d)), pa.float64()),
-            "answered_by": pa.array(batch.request_ids[tree.leaf_request[tree.request_leaf]].astype(str), pa.string()),
+            "answered_by": pa.array(batch.request_ids[tree.leaf_request[tree.request_leaf]].astype(object), pa.string()),
         },
         schema=PLAN_SCHEMA,
     )

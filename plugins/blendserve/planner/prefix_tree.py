@@ -153,6 +153,8 @@ def _parent_of_ranges(
     lo: np.ndarray, hi: np.ndarray, depth: np.ndarray, pairs: np.ndarray, pair_node: np.ndarray
 ) -> np.ndarray:
     """An internal node's parent is the node of the deeper of its two boundary pairs (root if none)."""
+    if not len(pairs):  # at most one leaf: the root is the only internal node
+        return np.full(len(lo), -1, dtype=np.int64)
     m = len(pairs) + 1
     left_ok, right_ok = lo > 0, hi < m
     left_val = np.where(left_ok, pairs[np.clip(lo - 1, 0, max(m - 2, 0))] if len(pairs) else 0, -1)
@@ -168,8 +170,8 @@ def _parent_of_ranges(
 
 def _parent_of_leaves(m: int, pairs: np.ndarray, pair_node: np.ndarray) -> np.ndarray:
     """A leaf hangs under the node of the deeper of the pairs on its two sides."""
-    if m == 1:
-        return np.zeros(1, dtype=np.int64)
+    if m <= 1:  # no leaf, or one under the root
+        return np.zeros(m, dtype=np.int64)
     left = np.concatenate([[-1], pairs])  # pair i - 1
     right = np.concatenate([pairs, [-1]])  # pair i
     leaf = np.arange(m)

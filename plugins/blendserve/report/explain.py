@@ -188,7 +188,7 @@ def _stored_estimates(config: "RunConfig", batch: "RequestBatch"):  # -> np.ndar
     with store.connect(config.db, read_only=True) as con:
         rows = dict(con.execute("SELECT request_id, est_output_tokens FROM plan WHERE run_id = ?",
                                 [config.run_id]).fetchall())
-    ids = batch.request_ids.astype(str)
+    ids = batch.request_ids.astype(object)
     if not rows or not all(i in rows for i in ids):
         return None
     return np.array([rows[i] for i in ids], dtype=np.int64)

@@ -46,7 +46,7 @@ def estimate_table(batch: RequestBatch, estimates: Estimates, actual: np.ndarray
     actual = np.asarray(actual, dtype=np.int64)
     return pa.table(
         {
-            "request_id": pa.array(batch.request_ids.astype(str), pa.string()),
+            "request_id": pa.array(batch.request_ids.astype(object), pa.string()),
             "kind": pa.array([KIND_NAMES[k] for k in estimates.kind], pa.string()),
             "source_node": pa.array(estimates.source_node, pa.int64()),
             "est_output_tokens": pa.array(estimates.mean, pa.int32()),
