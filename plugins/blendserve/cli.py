@@ -1,20 +1,29 @@
-"""``blendserve`` command line: one subcommand per module in ``blendserve.commands``."""
+"""``blendserve`` command line: one subcommand per module in ``blendserve.commands``.
+
+A failed command prints one line naming what went wrong and exits non-zero;
+``-v`` adds the traceback (and debug logging).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import sys
 from typing import Sequence
 
 # Each names a module in blendserve.commands that defines add_parser(subparsers),
 # which sets ``func`` on its parser. Heavy imports stay inside each func.
 COMMANDS = ("run", "plan", "simulate", "workload", "report")
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
+
+log = logging.getLogger("blendserve")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="blendserve", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser = argparse.ArgumentParser(prog="blendserve", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks of errors")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"blendserve.commands.{name}").add_parser(subparsers)
@@ -27,4 +36,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"blendserve {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # noqa: BLE001  (every failure ends as one line; -v keeps the traceback)
+        if args.verbose:
+            log.exception("blendserve %s failed", args.command)
+        print(f"blendserve {args.command}: error: {error_line(err, args.verbose)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def error_line(err: BaseException, verbose: bool) -> str:
+    """One line for ``err``: the message alone for errors in what the user gave (settings, paths,
+    files, a busy database, the disk); the exception's type too for anything else."""
+    from blendserve.config import ConfigError
+    from blendserve.store import DatabaseLocked
+
+    message = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, (ConfigError, DatabaseLocked, OSError)):
+        return message
+    return f"{type(err).__name__}: {message}" + ("" if verbose else " (-v shows the traceback)")

@@ -76,13 +76,16 @@ class RunConfig:
     extra: dict = field(default_factory=dict)  # engine-specific options, passed through
 
     def __post_init__(self) -> None:
+        check_run_id(self.run_id)  # it names a folder under the db's: never '..', never a glob
         if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+            raise ConfigError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.shards < 1:
-            raise ValueError(f"shards must be at least 1, got {self.shards}")
+            raise ConfigError(f"shards must be at least 1, got {self.shards}")
+        if self.part_rows < 1:
+            raise ConfigError(f"part_rows must be at least 1, got {self.part_rows}")
         if storage.is_remote(self.db):
             # DuckDB takes one writer per file and cannot lock an object: the file stays on a disk
-            raise ValueError(f"db must be a local file, got {self.db!r}; put work_dir in object storage instead")
+            raise ConfigError(f"db must be a local file, got {self.db!r}; put work_dir in object storage instead")
 
     @property
     def run_dir(self) -> StoragePath:
@@ -126,7 +129,7 @@ class RunConfig:
         known = cls.__dataclass_fields__
         unknown = set(values) - set(known)
         if unknown:
-            raise ValueError(f"unknown run settings: {sorted(unknown)}")
+            raise ConfigError(f"unknown run settings: {sorted(unknown)}")
         return cls(**values)
 
 

@@ -19,6 +19,7 @@ from blendserve.config import ConfigError
 from blendserve.model_prep import REPO_ROOT
 
 Root = Path | str  # a resolved local folder, or an object-storage URL
+READ_PATTERNS = ("input",)  # settings that name files to read and so may be globs; all others are written to
 
 
 class PathOutsideRoots(ConfigError):
@@ -32,8 +33,15 @@ def data_roots() -> list[Root]:
 
 
 def resolve_in_roots(path: str, what: str, roots: list[Root] | None = None) -> str:
-    """``path`` made absolute, if it (or, for a glob, its fixed leading part) lies inside a root."""
+    """``path`` made absolute, if it lies inside a root after symlinks and ``..`` are resolved.
+
+    Only a setting in ``READ_PATTERNS`` may be a glob: its fixed leading part must lie in a root,
+    it may not climb (``..``) after a wildcard, and every file it matches now, resolved, must lie in
+    a root too (a glob follows symlinks). A path written to must name one place: no wildcards.
+    """
     roots = roots or data_roots()
+    if glob.has_magic(path) and what not in READ_PATTERNS:
+        raise ConfigError(f"{what} {path!r} has a wildcard (* ? [): it is written to, so it must name one place")
     if storage.is_remote(path):
         if not storage.in_roots(path, [str(r) for r in roots]):
             raise PathOutsideRoots(f"{what} {path!r} is outside the data roots ({_listed(roots)})")
@@ -41,11 +49,24 @@ def resolve_in_roots(path: str, what: str, roots: list[Root] | None = None) -> s
     local = [Path(r) for r in roots if not storage.is_remote(r)]
     candidate = Path(path) if os.path.isabs(path) else REPO_ROOT / path
     fixed = _fixed_part(candidate)
-    resolved_fixed = fixed.resolve()  # follows symlinks and '..'
-    if not any(resolved_fixed == root or root in resolved_fixed.parents for root in local):
-        raise PathOutsideRoots(f"{what} {path!r} resolves to {resolved_fixed}, outside the data roots ({_listed(roots)})")
-    rest = candidate.relative_to(fixed) if candidate != fixed else Path()
-    return str(resolved_fixed / rest)
+    resolved = _inside(fixed, local, f"{what} {path!r}", roots)
+    if fixed == candidate:
+        return str(resolved)
+    rest = candidate.relative_to(fixed)
+    if ".." in rest.parts:
+        raise PathOutsideRoots(f"{what} {path!r} has '..' after a wildcard, which could climb out of the data roots")
+    pattern = str(resolved / rest)
+    for match in glob.glob(pattern, recursive=True):
+        _inside(Path(match), local, f"{what} {path!r} matches {match}, which", roots)
+    return pattern
+
+
+def _inside(path: Path, local: list[Path], named: str, roots: list[Root]) -> Path:
+    """``path`` resolved (symlinks, ``..``), if inside a local root; else PathOutsideRoots starting with ``named``."""
+    resolved = path.resolve()
+    if not any(resolved == root or root in resolved.parents for root in local):
+        raise PathOutsideRoots(f"{named} resolves to {resolved}, outside the data roots ({_listed(roots)})")
+    return resolved
 
 
 def _listed(roots: list[Root]) -> str:

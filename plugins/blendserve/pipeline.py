@@ -238,7 +238,25 @@ def summary(config: RunConfig) -> dict:
 
 
 def run_pipeline(config: RunConfig) -> dict:
-    """Every step in this process, shards one after another on one engine."""
+    """Every step in this process, shards one after another on one engine. A step that fails
+    (or an interrupt) marks the run failed before the error goes on: never left ``running``."""
+    try:
+        return _run_steps(config)
+    except BaseException:
+        mark_failed(config)
+        raise
+
+
+def mark_failed(config: RunConfig) -> None:
+    """Set the run's status to failed, if it has a row; a locked or broken database only logs."""
+    try:
+        with store.connect(config.db, wait_s=5) as con:
+            store.finish_run(con, config.run_id, "failed")
+    except Exception:  # the original error is the one to report
+        log.warning("could not mark run %s failed in %s", config.run_id, config.db, exc_info=True)
+
+
+def _run_steps(config: RunConfig) -> dict:
     from blendserve.engines import close_all, keep_engines
 
     ingest_step(config)

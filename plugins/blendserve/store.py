@@ -9,6 +9,10 @@ in object storage; the DuckDB file is always local (one writer, file locks).
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,9 +26,43 @@ from blendserve.model_prep import REPO_ROOT
 from blendserve.storage import PathLike
 
 SQL_DIR = REPO_ROOT / "sql"
+log = logging.getLogger(__name__)
 
 
-def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+LOCK_WAIT_ENV = "BLENDSERVE_DB_LOCK_WAIT_S"  # seconds to wait for another process's lock on the DuckDB file
+DEFAULT_LOCK_WAIT_S = 60.0
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<exe>.*) \(PID (?P<pid>\d+)\)")
+
+
+class DatabaseLocked(RuntimeError):
+    """Another process held the DuckDB file for longer than we wait."""
+
+
+def connect(db: str | Path, read_only: bool = False, wait_s: float | None = None) -> duckdb.DuckDBPyConnection:
+    """A connection to ``db``. DuckDB takes one writing process per file: while another process holds it,
+    wait (``wait_s``, default ``BLENDSERVE_DB_LOCK_WAIT_S`` or 60 s, polling with backoff), then fail
+    with DatabaseLocked naming the holder's PID and command line."""
+    wait_s = float(os.environ.get(LOCK_WAIT_ENV, DEFAULT_LOCK_WAIT_S)) if wait_s is None else wait_s
+    started, pause, holder = time.monotonic(), 0.05, None
+    while True:
+        try:
+            return _open(db, read_only)
+        except duckdb.IOException as err:
+            match = _LOCK_HOLDER.search(str(err))
+            if match is None:
+                raise
+        if holder is None:
+            holder = _describe_holder(match)
+            log.warning("%s is locked by %s; waiting up to %.0f s", db, holder, wait_s)
+        left = wait_s - (time.monotonic() - started)
+        if left <= 0:
+            raise DatabaseLocked(f"{db} is locked by {_describe_holder(match)}; gave up after {wait_s:.0f} s "
+                                 f"(one process writes a DuckDB file at a time; {LOCK_WAIT_ENV} sets the wait)")
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 2.0)
+
+
+def _open(db: str | Path, read_only: bool) -> duckdb.DuckDBPyConnection:
     if read_only:
         return duckdb.connect(str(db), read_only=True)
     Path(db).parent.mkdir(parents=True, exist_ok=True)
@@ -33,12 +71,24 @@ def connect(db: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnectio
     return con
 
 
+def _describe_holder(match: re.Match) -> str:
+    """'PID n (its command line)', from DuckDB's lock error and /proc where there is one."""
+    pid = int(match["pid"])
+    if pid == os.getpid():
+        return f"PID {pid} (this process: another connection is still open)"
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        command = ""
+    return f"PID {pid} ({(command or match['exe'])[:300]})"
+
+
 @contextmanager
 def _parquet(con: duckdb.DuckDBPyConnection, paths: Sequence[PathLike]) -> Iterator[str]:
     """What to select FROM for these Parquet files. DuckDB reads local files itself; object
     storage comes through Arrow with the run's own credentials (DuckDB's httpfs would need its own)."""
     if not any(storage.is_remote(p) for p in paths):
-        yield "read_parquet([" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "])"
+        yield "read_parquet([" + ", ".join(_sql_file_name(p) for p in paths) + "])"
         return
     name = f"parquet_{uuid.uuid4().hex}"
     con.register(name, storage.parquet_dataset(paths))  # scanned in batches, never whole in memory
@@ -46,6 +96,12 @@ def _parquet(con: duckdb.DuckDBPyConnection, paths: Sequence[PathLike]) -> Itera
         yield name
     finally:
         con.unregister(name)
+
+
+def _sql_file_name(path: PathLike) -> str:
+    """A SQL string naming exactly this file: read_parquet expands * ? [ even in a list of names, so a
+    folder such as ``out/[x]`` would match other files; each becomes a one-character class."""
+    return "'" + re.sub(r"([*?\[])", r"[\1]", str(path)).replace("'", "''") + "'"
 
 
 def start_run(con: duckdb.DuckDBPyConnection, run_id: str, config_json: str) -> None:

@@ -31,8 +31,11 @@ def run(args: argparse.Namespace) -> int:
     from blendserve.costmodel import CostModel, get_hardware, get_model
     from blendserve.planner import build_plan, default_output_estimates, write_plan
     from blendserve.progress import phase
+    from blendserve.config import check_run_id
     from blendserve.sim import SimConfig
 
+    if args.run_id is not None:
+        check_run_id(args.run_id)
     with phase(f"plan: reading {args.input}"):
         batch = RequestBatch.from_parquet(args.input)
     cost_model = CostModel(get_model(args.model), get_hardware(args.hardware, tp=args.tp))

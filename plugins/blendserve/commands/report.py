@@ -14,9 +14,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blendserve.config import default_db
+    from blendserve.config import check_run_id, default_db
     from blendserve.report.build import build_report
 
+    check_run_id(args.run_id)  # it names the report's folder
     path = build_report(args.db or default_db(), args.run_id, args.out)
     print(path)
     return 0

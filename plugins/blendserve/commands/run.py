@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from datetime import datetime
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +15,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", default="",
                    help="run folder (requests, plan, part files): a path or s3://, gs:// URL (fsspec credentials "
                         "from the environment); default <db folder>/runs/RUN_ID")
-    p.add_argument("--run-id", default=None, help="re-use an id to resume a run (default: a new timestamped id)")
+    p.add_argument("--run-id", default=None,
+                   help="re-use an id to resume a run (default: a new id, the time plus a random suffix); "
+                        "letters, digits, . _ - only")
     p.add_argument("--policy", default="blendserve",
                    choices=["blendserve", "blendserve-nosplit", "dfs", "density", "fcfs", "balance"],
                    help="scheduling policy; the baselines are there to A/B against")
@@ -26,20 +27,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="default max_tokens for requests that give none")
     p.add_argument("--max-model-len", type=int, default=2048, help="context length; longer prompts are rejected")
     p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)")
+    p.add_argument("--part-rows", type=int, default=None,
+                   help="results per committed part file: what a crash can lose, and how often progress is "
+                        "saved (default: RunConfig's, 64)")
     p.add_argument("--no-explain", action="store_true", help="skip simulating every policy at plan time")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from blendserve.config import RunConfig
+    from blendserve.config import RunConfig, new_run_id
     from blendserve.pipeline import run_pipeline
 
+    defaults_unless_given = {"part_rows": args.part_rows}
+
     config = RunConfig(
-        run_id=args.run_id or datetime.now().strftime("run-%Y%m%d-%H%M%S"),
+        run_id=args.run_id or new_run_id(),
         input=args.input, db=args.db, work_dir=args.work_dir, engine=args.engine, policy=args.policy, shards=args.shards,
         sample_rate=args.sample_rate, hardware=args.hardware, explain=not args.no_explain,
         default_max_tokens=args.max_tokens, max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,
+        **{name: value for name, value in defaults_unless_given.items() if value is not None},
     )
     started = time.monotonic()
     result = run_pipeline(config)
