@@ -97,3 +97,17 @@ def airflow_memory_fs(monkeypatch: pytest.MonkeyPatch) -> None:
     from fsspec.implementations.memory import MemoryFileSystem
 
     monkeypatch.setattr(airflow_fs, "_register_filesystems", lambda: {"memory": lambda conn_id, options: MemoryFileSystem()})
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment for a child ``python -m blendserve``: this checkout's plugins first on its path
+    (a fresh clone has no editable install), and engines that stop with their run."""
+    env = {k: v for k, v in os.environ.items() if k != "BLENDSERVE_KEEP_ENGINES"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "plugins"), os.environ.get("PYTHONPATH")]))
+    return {**env, **extra}
+
+
+def run_cli(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    """``python -m blendserve ARGS`` in a child process, output captured as text."""
+    return subprocess.run([sys.executable, "-m", "blendserve", *args], capture_output=True, text=True,
+                          timeout=timeout, env=subprocess_env(**env), cwd=REPO)

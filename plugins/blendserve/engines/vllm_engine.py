@@ -124,6 +124,10 @@ class VllmEngine:
         configure_cpu_env(config)
         from vllm import LLM
 
+        from blendserve.engines.watchdog import Watchdog
+
+        self.llm = None
+        self.watchdog = Watchdog()  # before the engine starts: a kill during its start is covered too
         started = time.monotonic()
         self.max_num_seqs = config.max_num_seqs
         self.max_model_len = config.max_model_len
@@ -265,6 +269,7 @@ class VllmEngine:
         if self.llm is not None:
             self.llm.llm_engine.engine_core.shutdown(timeout=10)
             self.llm = None
+        self.watchdog.stop()
 
 
 def _sampling(request: EngineRequest):  # type: ignore[no-untyped-def]
