@@ -35,8 +35,10 @@ class RawRecord:
 
 
 def expand_inputs(pattern: str, conn_id: str | None = None) -> list[StoragePath]:
-    """A file or a glob, local or a URL, sorted, so runs are reproducible."""
-    files = [p for p in storage.expand(pattern, conn_id) if p.is_file()]
+    """A file or a glob, local or a URL, sorted, so runs are reproducible. A file whose name holds
+    glob characters (``in[1].jsonl``) names itself, not the files the pattern would match."""
+    literal = storage.resolve(pattern, conn_id)
+    files = [literal] if literal.is_file() else [p for p in storage.expand(pattern, conn_id) if p.is_file()]
     if not files:
         raise FileNotFoundError(f"no input files match {pattern!r}")
     return files
