@@ -225,6 +225,7 @@ CLI_ERRORS = [
     ("run id with a glob", ["--input", "IN", "--run-id", "x*"], "run id 'x*' is not allowed"),
     ("missing input", ["--input", "nothing-*.jsonl"], "no input files match"),
     ("part rows zero", ["--input", "IN", "--part-rows", "0"], "part_rows must be at least 1"),
+    ("input of an unknown format", ["--input", "TXT"], "unsupported input format '.txt'"),
 ]
 
 
@@ -232,13 +233,14 @@ CLI_ERRORS = [
 def test_cli_user_errors_are_one_line_without_a_traceback(tmp_path: Path, case, args, words):
     (tmp_path / "db").mkdir()
     (tmp_path / "in.jsonl").write_text(GOOD)
-    args = [str(tmp_path / "in.jsonl") if a == "IN" else a for a in args]
+    (tmp_path / "in.txt").write_text(GOOD)
+    args = [{"IN": str(tmp_path / "in.jsonl"), "TXT": str(tmp_path / "in.txt")}.get(a, a) for a in args]
     result = run_cli("run", "--engine", "simulator", "--db", str(tmp_path / "db" / "out.duckdb"), *args, timeout=120)
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("blendserve run: error: ") and words in last, result.stderr
     assert "Traceback" not in result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["db", "in.jsonl"]  # nothing written beside
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db", "in.jsonl", "in.txt"]  # nothing written beside
 
 
 def test_cli_verbose_shows_the_traceback(tmp_path: Path):

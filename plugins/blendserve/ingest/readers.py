@@ -7,13 +7,13 @@ A record that cannot even be read (bad JSON, bad UTF-8) comes out with its
 from __future__ import annotations
 
 import csv
-import io
 import json
 import re
 from dataclasses import dataclass
 from typing import Iterator
 
 from blendserve import storage
+from blendserve.config import ConfigError
 from blendserve.storage import StoragePath
 
 RAW_LIMIT = 2000  # characters of the raw record kept for a reject
@@ -41,19 +41,24 @@ def expand_inputs(pattern: str, conn_id: str | None = None) -> list[StoragePath]
     files = [literal] if literal.is_file() else [p for p in storage.expand(pattern, conn_id) if p.is_file()]
     if not files:
         raise FileNotFoundError(f"no input files match {pattern!r}")
+    for path in files:  # before any is read: a wrong file in a glob fails the run at once, not midway
+        _reader(path)
     return files
 
 
 def read_records(path: StoragePath) -> Iterator[RawRecord]:
+    yield from _reader(path)(path)
+
+
+def _reader(path: StoragePath):  # type: ignore[no-untyped-def]
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
-        yield from _read_jsonl(path)
-    elif suffix == ".csv":
-        yield from _read_csv(path)
-    elif suffix == ".parquet":
-        yield from _read_parquet(path)
-    else:
-        raise ValueError(f"{path}: unsupported input format {suffix!r} (use .jsonl, .csv or .parquet)")
+        return _read_jsonl
+    if suffix == ".csv":
+        return _read_csv
+    if suffix == ".parquet":
+        return _read_parquet
+    raise ConfigError(f"{path}: unsupported input format {suffix!r} (use .jsonl, .csv or .parquet)")
 
 
 def _truncate(text: str) -> str:
