@@ -177,6 +177,7 @@ def roots(tmp_path: Path) -> list[Path]:
     (tmp_path / "data" / "in" / "ok.jsonl").write_text(GOOD)
     (tmp_path / "data" / "in" / "escape.jsonl").symlink_to(tmp_path / "outside" / "secret.jsonl")
     (tmp_path / "data" / "escape-dir").symlink_to(tmp_path / "outside")
+    (tmp_path / "data" / "in" / "esc[a].jsonl").symlink_to(tmp_path / "outside" / "secret.jsonl")
     return [(tmp_path / "data").resolve(), (tmp_path / "out").resolve()]
 
 
@@ -186,6 +187,7 @@ PATHS = [
     ("glob matches a symlinked file", "input", "data/in/*.jsonl", "matches"),
     ("glob through a symlinked folder", "input", "data/*/secret.jsonl", "outside the data roots"),
     ("symlink named directly", "input", "data/in/escape.jsonl", "outside the data roots"),
+    ("symlink named like a pattern", "input", "data/in/esc[a].jsonl", "matches"),
     ("db with a wildcard and '..'", "db", "out/*/../../x/db.duckdb", "has a wildcard"),
     ("runs_dir with a wildcard", "runs_dir", "out/run?", "has a wildcard"),
     ("db climbing out", "db", "out/../outside/db.duckdb", "outside the data roots"),
@@ -199,7 +201,8 @@ def test_paths_stay_inside_the_data_roots(roots, tmp_path: Path, case, what, pat
 
 
 def test_a_glob_inside_the_roots_still_resolves(roots, tmp_path: Path):
-    (tmp_path / "data" / "in" / "escape.jsonl").unlink()
+    for link in ("escape.jsonl", "esc[a].jsonl"):
+        (tmp_path / "data" / "in" / link).unlink()
     pattern = resolve_in_roots(str(tmp_path / "data" / "i*" / "*.jsonl"), "input", roots)
     assert pattern == str(roots[0] / "i*" / "*.jsonl")
     with pytest.raises(PathOutsideRoots):

@@ -56,7 +56,9 @@ def resolve_in_roots(path: str, what: str, roots: list[Root] | None = None) -> s
     if ".." in rest.parts:
         raise PathOutsideRoots(f"{what} {path!r} has '..' after a wildcard, which could climb out of the data roots")
     pattern = str(resolved / rest)
-    for match in glob.glob(pattern, recursive=True):
+    # ingest reads a file named literally like the pattern (``in[1].jsonl``) in place of its matches
+    literal = [pattern] if os.path.lexists(pattern) else []
+    for match in literal + glob.glob(pattern, recursive=True):
         _inside(Path(match), local, f"{what} {path!r} matches {match}, which", roots)
     return pattern
 

@@ -9,8 +9,8 @@ reason names the field and what to do about it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
