@@ -36,6 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # its INFO lines (temporary folders, empty datasource lists) say nothing to a user
+        logging.getLogger("great_expectations").setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
