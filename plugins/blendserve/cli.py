@@ -36,8 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.verbose:  # its INFO lines (temporary folders, empty datasource lists) say nothing to a user
-        logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    if not args.verbose:  # a filter on the handler: great-expectations sets its own loggers' levels on import
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_without_library_chatter)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -48,6 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.exception("blendserve %s failed", args.command)
         print(f"blendserve {args.command}: error: {error_line(err, args.verbose)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _without_library_chatter(record: logging.LogRecord) -> bool:
+    """great-expectations' INFO lines (temporary folders, empty datasource lists) say nothing to a user."""
+    return record.levelno >= logging.WARNING or not record.name.startswith("great_expectations")
 
 
 def error_line(err: BaseException, verbose: bool) -> str:
