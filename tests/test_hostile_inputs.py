@@ -86,6 +86,8 @@ INPUTS = [
          [], ["metadata has a lone surrogate"]),
     Case("5,000-digit integer", "in.jsonl", b'{"custom_id": "n", "prompt": "x", "seed": ' + b"9" * 5000 + b"}\n"
          + GOOD.encode(), ["good"], ["4300 digits"]),
+    Case("NaN temperature", "in.jsonl", b'{"custom_id": "x", "prompt": "y", "temperature": NaN}\n', [],
+         ["temperature = NaN"]),
     Case("integer beyond any float", "in.jsonl", jsonl({"custom_id": "t", "prompt": "x", "temperature": 10**400}),
          [], ["temperature = "]),
     Case("metadata nested 100k deep", "in.jsonl",
@@ -100,6 +102,9 @@ INPUTS = [
     Case("unclosed quote in csv", "in.csv", b'custom_id,prompt\na,hi\nb,"oops\nc,hi\nd,hi\ne,hi\n',
          ["a", "c", "d", "e"], ["unclosed quote starting on line 3"]),
     Case("quoted newlines still work", "in.csv", b'custom_id,prompt\na,"two\nlines"\nb,hi\n', ["a", "b"]),
+    Case("stray quote inside a csv cell", "in.csv", b'custom_id,prompt\na,"hi"x\nb,ok\n', ["b"],
+         ["malformed CSV on line 2"]),
+    Case("old Mac line endings", "in.csv", b"custom_id,prompt\ra,hi\rb,ok\r", ["a", "b"]),
     Case("invalid utf-8 in one csv row", "in.csv", b"custom_id,prompt\na,hi\nb,\xff\xfe\nc,ho\n",
          ["a", "c"], ["(line 3) is not valid UTF-8"]),
     Case("bom at the start of a csv", "in.csv", b"\xef\xbb\xbfcustom_id,prompt\na,hi\n", ["a"]),

@@ -18,7 +18,7 @@ from blendserve.storage import StoragePath
 
 RAW_LIMIT = 2000  # characters of the raw record kept for a reject
 MAX_CSV_FIELD = 1 << 26  # characters in one CSV cell (the csv module's own limit, 131,072, is below a long prompt)
-BOM = b"\xef\xbb\xbf"
+BOM = b"\xef\xbb\xbf"  # a byte-order mark: Windows editors start UTF-8 files with one
 _SURROGATE = re.compile("[\udc80-\udcff]")  # an undecodable byte, as errors="surrogateescape" keeps it
 NUMERIC_CSV_COLUMNS = {"max_tokens", "seed", "expected_output_tokens", "sim_output_tokens"}
 FLOAT_CSV_COLUMNS = {"temperature", "top_p"}
@@ -98,8 +98,7 @@ def _json_record(source: str, number: int, text: str) -> RawRecord:
 def _read_csv(path: StoragePath) -> Iterator[RawRecord]:
     """Rows stream from the file; a row with invalid UTF-8 or broken quoting is rejected alone."""
     csv.field_size_limit(max(csv.field_size_limit(), MAX_CSV_FIELD))
-    with path.open("rb") as f:
-        lines = _CsvLines(f)
+    with _CsvLines(path) as lines:
         rows = _csv_rows(lines)
         _, names, error = next(rows, (0, [], None))
         if error is not None:  # without column names no row can be read: the file is one reject
@@ -126,37 +125,45 @@ def _csv_record(source: str, number: int, raw: str, names: list[str], cells: lis
 
 
 class _CsvLines:
-    """The file's lines as text for ``csv.reader``, with where each record began, so parsing can restart
-    on the line after a record whose quote never closed (it would otherwise swallow the rest of the file).
-    Bytes that are not UTF-8 pass through as surrogate escapes, and only their row is rejected."""
+    """The file's lines (``\n``, ``\r\n`` or ``\r``) for ``csv.reader``, with the line each record began on,
+    so parsing can restart on the next line after a record whose quote never closed (else it would swallow
+    the rest of the file). Bytes that are not UTF-8 pass through as surrogate escapes: only their row is
+    rejected. A leading BOM is dropped."""
 
-    def __init__(self, f) -> None:  # type: ignore[no-untyped-def]
-        self.f = f
+    def __init__(self, path: StoragePath) -> None:
+        self.path = path
+        self.file = self._open()
         self.number = 0  # lines read
-        self.offset = 0  # bytes read
-        self.record_start: tuple[int, int] | None = None  # (line number, byte offset after it) of the record read now
+        self.record_start: int | None = None  # the line the record being parsed began on
         self.record_line = ""  # that line's text
+
+    def _open(self):  # type: ignore[no-untyped-def]
+        return self.path.open("r", encoding="utf-8-sig", errors="surrogateescape", newline="")
+
+    def __enter__(self) -> "_CsvLines":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
 
     def __iter__(self) -> "_CsvLines":
         return self
 
     def __next__(self) -> str:
-        line = self.f.readline()
+        line = self.file.readline()
         if not line:
             raise StopIteration
-        self.offset += len(line)
         self.number += 1
-        if self.number == 1:
-            line = line.removeprefix(BOM)
-        text = line.decode("utf-8", errors="surrogateescape")
         if self.record_start is None:
-            self.record_start = (self.number, self.offset)
-            self.record_line = text.rstrip("\r\n")
-        return text
+            self.record_start, self.record_line = self.number, line.rstrip("\r\n")
+        return line
 
-    def restart_after(self, start: tuple[int, int]) -> None:
-        self.number, self.offset = start
-        self.f.seek(self.offset)
+    def restart_after(self, line: int) -> None:
+        """Read on from line ``line + 1`` (rare: reopening and skipping costs a pass over those lines)."""
+        self.file.close()
+        self.file = self._open()
+        for self.number in range(1, line + 1):
+            self.file.readline()
 
 
 def _csv_rows(lines: _CsvLines) -> Iterator[tuple[int, list[str] | None, str | None]]:
@@ -169,16 +176,16 @@ def _csv_rows(lines: _CsvLines) -> Iterator[tuple[int, list[str] | None, str | N
         except StopIteration:
             return
         except csv.Error as err:
-            start = lines.record_start or (lines.number, lines.offset)
+            start = lines.record_start or lines.number
             if str(err) == "unexpected end of data":  # a quote opened on that line never closed
                 lines.restart_after(start)
                 reader = csv.reader(lines, strict=True)
-                yield start[0], None, f"unclosed quote starting on line {start[0]}; the lines after it are read as rows"
+                yield start, None, f"unclosed quote starting on line {start}; the lines after it are read as rows"
             else:
-                yield start[0], None, f"malformed CSV on line {lines.number}: {err}"
+                yield start, None, f"malformed CSV on line {lines.number}: {err}"
             continue
         if cells:  # blank lines are not records
-            yield lines.record_start[0] if lines.record_start else lines.number, cells, None
+            yield lines.record_start or lines.number, cells, None
 
 
 def _not_utf8(cells: list[str] | None, line: int) -> str | None:
