@@ -33,6 +33,9 @@ class Watchdog:
     """A running watchdog over this process; ``stop`` when the engine has shut down."""
 
     def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        if not os.path.isdir("/proc"):  # not Linux: engines are left to their own shutdown
+            return
         # what this process ran before its engine is not the engine's: the baseline is taken here, as
         # the watchdog's own start may take a second, while the engine's processes are already starting
         before = [f"{pid}:{start}" for pid, start in descendants({os.getpid()}, process_table())]
@@ -42,6 +45,8 @@ class Watchdog:
         )
 
     def stop(self) -> None:
+        if self.process is None:
+            return
         if self.process.poll() is None:
             try:
                 self.process.stdin.write(STOP)  # type: ignore[union-attr]
