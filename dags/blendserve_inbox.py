@@ -20,6 +20,7 @@ second of CPU.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import dag, task
@@ -38,7 +39,9 @@ def inbox_folder():
 
 
 @dag(dag_id="blendserve_inbox", schedule=SCHEDULE, catchup=False, max_active_runs=1, is_paused_upon_creation=False,
-     tags=["blendserve", "inbox"], doc_md=__doc__)
+     tags=["blendserve", "inbox"], doc_md=__doc__,
+     # a scan is safe to repeat; the first one may start before the api-server answers
+     default_args={"retries": 2, "retry_delay": timedelta(seconds=10)})
 def blendserve_inbox():
     @task
     def claim_new_files() -> list[dict]:
