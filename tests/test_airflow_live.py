@@ -22,6 +22,7 @@ import duckdb
 import pytest
 
 import live_airflow
+from live_airflow import quote
 from conftest import REPO
 
 pytestmark = pytest.mark.live
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.live
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SCREENSHOT = REPO / "docs" / "img" / "airflow-trigger-form.png"
+# out/ is ignored by git; docs/img/airflow-trigger-form.png (in the README) is a copy of one
+SCREENSHOT = REPO / "out" / "screenshots" / "airflow-trigger-form.png"
 SMALL_SAMPLE = REPO / "data" / "sample" / "requests-small.jsonl"
 
 
@@ -117,16 +119,19 @@ def test_trigger_form_with_its_defaults_runs_from_the_browser(airflow):
         dialog.get_by_text("Run Parameters").wait_for()
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT))
+        assert SCREENSHOT.stat().st_size > 10_000
         trigger = dialog.get_by_role("button", name="Trigger")
         assert trigger.is_enabled()  # with every default: no field left required and empty
         trigger.click()
         run_id = wait_for_new_run(airflow, before)
-        page.goto(f"{airflow.url}/dags/blendserve_batch/runs/{run_id}")
+        page.goto(f"{airflow.url}/dags/blendserve_batch/runs/{quote(run_id)}")
+        # the run's own state badge, beside its heading (the task rows below have badges too)
+        badge = page.get_by_role("heading", name=run_id, exact=True).locator("xpath=..").get_by_test_id("state-badge")
         deadline = time.monotonic() + 900
-        while time.monotonic() < deadline and not page.get_by_text("success", exact=False).count():
+        while time.monotonic() < deadline and badge.inner_text().strip() not in ("Success", "Failed"):
             time.sleep(10)
             page.reload()
-        assert page.get_by_text("success", exact=False).count(), f"the UI never showed run {run_id} succeed"
+        assert badge.inner_text().strip() == "Success", airflow.task_states("blendserve_batch", run_id)
         browser.close()
     assert airflow.wait_for_run("blendserve_batch", run_id, timeout=60)["state"] == "success"
     one_output_per_request(airflow.work / "live.duckdb", run_id)
@@ -161,3 +166,8 @@ def test_a_file_dropped_in_the_inbox_runs_once_and_a_redrop_is_recognised(airflo
     assert list(duplicates.glob("*-again.jsonl")), "the re-dropped file was not recognised"
     inbox_runs = [r for r in airflow.runs("blendserve_batch") if r["dag_run_id"].startswith("inbox__")]
     assert [r["dag_run_id"] for r in inbox_runs] == [run_id]
+
+
+def test_the_local_executor_keeps_a_small_pool_of_workers(airflow):
+    workers = [p for p in live_airflow.processes_of(airflow.home) if "LocalExecutor" in p]
+    assert 1 <= len(workers) <= 4, workers  # standalone's default parallelism would start 32
