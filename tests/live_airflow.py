@@ -108,7 +108,8 @@ def processes_of(home: Path) -> list[str]:
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
-                found.append(f"{proc.name} {(proc / 'cmdline').read_bytes().replace(b'\0', b' ').decode()[:120]}")
+                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{proc.name} {command[:120]}")
         except OSError:  # gone, or not ours to read
             continue
     return found

@@ -77,6 +77,17 @@ def test_a_config_error_fails_the_first_task_at_once(airflow_db, roots, tmp_path
     assert (ingest.state, ingest.try_number) == ("failed", 1)  # no retry
 
 
+def test_an_engine_fault_is_still_retried_and_resumes(airflow_db, roots, tmp_path):
+    db = tmp_path / "fault.duckdb"
+    conf = {"input": str(FIXTURES / "mini.jsonl"), "db": str(db), "engine": "simulator", "shards": 2,
+            "fail_after_rows": 3}  # run conf only: each shard's first try dies after 3 results
+    run = dags()["blendserve_batch"].test(run_conf=conf)
+    tries = {(ti.task_id, ti.map_index): ti.try_number for ti in run.get_task_instances()}
+    assert run.state == "success" and tries[("infer", 0)] == tries[("infer", 1)] == 2
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*), count(DISTINCT request_id) FROM outputs").fetchone() == (28, 28)
+
+
 def test_a_run_id_from_airflow_is_kept_beside_its_safe_form(airflow_db, roots, tmp_path):
     from blendserve.config import safe_run_id
     from blendserve.export import export_openai

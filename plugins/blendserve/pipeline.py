@@ -175,7 +175,7 @@ def _engine_requests(table: pa.Table, request_ids: list[str]) -> list[EngineRequ
 
 
 def load_step(config: RunConfig) -> dict:
-    """The single DuckDB writer: load every shard's part files, check one output per request."""
+    """Load every shard's part files into DuckDB, check one output per request."""
     files = storage.list_parts(config.parts_dir, f"*/{parts.PART_GLOB}")
     estimates = storage.list_parts(config.parts_dir, "shard-*/estimates.parquet")
     with store.connect(config.db) as con:
