@@ -33,6 +33,7 @@ class LiveAirflow:
     port: int
     work: Path  # a data root of this instance: its default DuckDB file and its inbox
     env: dict
+    session: int  # standalone's session id (its pid: bin/airflow-local starts it with setsid)
 
     @property
     def url(self) -> str:
@@ -94,22 +95,27 @@ def start(home: Path, work: Path) -> LiveAirflow:
     )
     (work / "inbox").mkdir(parents=True, exist_ok=True)
     subprocess.run([str(AIRFLOW_LOCAL), "start"], env=env, check=True, timeout=600)
-    return LiveAirflow(home, port, work, env)
+    return LiveAirflow(home, port, work, env, int((home / "standalone.pid").read_text()))
 
 
 def stop(live: LiveAirflow) -> None:
     subprocess.run([str(AIRFLOW_LOCAL), "stop"], env=live.env, check=True, timeout=120)
 
 
-def processes_of(home: Path) -> list[str]:
-    """Processes whose environment names this AIRFLOW_HOME: whatever the instance started."""
-    marker = f"AIRFLOW_HOME={home}".encode()
+def processes_of(live: LiveAirflow) -> list[str]:
+    """Processes of the instance: in the session `bin/airflow-local` gave standalone, or with its
+    AIRFLOW_HOME in their environment (a process that renames itself, as the LocalExecutor's workers
+    and vLLM's do, may overwrite its environment, never its session)."""
+    marker = f"AIRFLOW_HOME={live.home}".encode()
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
+            if not proc.name.isdigit():
+                continue
+            session = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3])
+            if session == live.session or marker in (proc / "environ").read_bytes().split(b"\0"):
                 command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 found.append(f"{proc.name} {command[:120]}")
-        except OSError:  # gone, or not ours to read
+        except (OSError, ValueError, IndexError):  # gone, or not ours to read
             continue
     return found

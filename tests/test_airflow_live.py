@@ -44,7 +44,7 @@ def airflow(tmp_path_factory):
     finally:
         live_airflow.stop(live)
         time.sleep(2)
-        left = live_airflow.processes_of(home)
+        left = live_airflow.processes_of(live)
         assert not left, f"processes left after bin/airflow-local stop: {left}"
 
 
@@ -96,7 +96,6 @@ def test_readme_rest_trigger_runs_without_unpausing_and_the_export_follows(airfl
     shard_walls = [airflow.xcom("blendserve_batch", run["dag_run_id"], "infer", i) for i in range(2)]
     assert summary["wall_seconds"] >= 0.99 * sum(s["wall_seconds"] for s in shard_walls)
     exported(airflow, db, run_id, run["dag_run_id"])
-    assert all(r["state"] == "success" for r in airflow.runs("blendserve_export"))
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (.ci/run installs it)")
@@ -106,7 +105,7 @@ def test_trigger_form_with_its_defaults_runs_from_the_browser(airflow):
     before = {r["dag_run_id"] for r in airflow.runs("blendserve_batch")}
     with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
         browser = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-                                                       headless=True, viewport={"width": 1300, "height": 1000})
+                                                       headless=True, viewport={"width": 1300, "height": 2100})  # the whole form
         page = browser.new_page()
         page.goto(airflow.url + "/")
         page.get_by_label("Username").fill("admin")
@@ -168,6 +167,17 @@ def test_a_file_dropped_in_the_inbox_runs_once_and_a_redrop_is_recognised(airflo
     assert [r["dag_run_id"] for r in inbox_runs] == [run_id]
 
 
+def test_every_successful_batch_run_was_exported_and_no_export_failed(airflow):
+    from blendserve.config import safe_run_id
+
+    for run in airflow.runs("blendserve_batch"):
+        if run["state"] == "success":
+            db = REPO / run["conf"]["db"] if run["conf"].get("db") else airflow.work / "live.duckdb"
+            exported(airflow, db, safe_run_id(run["dag_run_id"]), run["dag_run_id"])
+    exports = airflow.runs("blendserve_export")
+    assert exports and all(r["state"] == "success" for r in exports), [(r["dag_run_id"], r["state"]) for r in exports]
+
+
 def test_the_local_executor_keeps_a_small_pool_of_workers(airflow):
-    workers = [p for p in live_airflow.processes_of(airflow.home) if "LocalExecutor" in p]
+    workers = [p for p in live_airflow.processes_of(airflow) if "LocalExecutor" in p]
     assert 1 <= len(workers) <= 4, workers  # standalone's default parallelism would start 32
