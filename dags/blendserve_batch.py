@@ -8,12 +8,11 @@ imported inside the tasks, so this file parses in milliseconds.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 
 from airflow.sdk import Param, dag, task
 
+from blendserve.airflow_tasks import fail_fast
 from blendserve.assets import OUTPUTS
 from blendserve.choices import ENGINES, PUBLIC_POLICIES
 
@@ -117,20 +116,6 @@ def run_config(params: dict, run_id: str, try_number: int = 1):
         max_model_len=params["max_model_len"], kv_cache_gb=params["kv_cache_gb"],
         fail_after_rows=fail_after_rows if try_number == 1 else -1,  # injected faults hit the first try only
     )
-
-
-@contextmanager
-def fail_fast() -> Iterator[None]:
-    """What no retry can fix (ConfigError: a bad path, parameter or model; a missing input) fails the
-    task at once with the reason; anything else (engine faults, killed workers) keeps its retries."""
-    from airflow.sdk.exceptions import AirflowFailException
-
-    from blendserve.config import ConfigError
-
-    try:
-        yield
-    except (ConfigError, FileNotFoundError) as error:
-        raise AirflowFailException(f"{type(error).__name__}: {error}") from error
 
 
 @dag(

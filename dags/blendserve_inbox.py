@@ -25,6 +25,8 @@ from datetime import timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import dag, task
 
+from blendserve.airflow_tasks import fail_fast
+
 INBOX = os.environ.get("BLENDSERVE_INBOX", "data/inbox")
 SCHEDULE = os.environ.get("BLENDSERVE_INBOX_SCHEDULE", "* * * * *")
 SETTLE_SECONDS = float(os.environ.get("BLENDSERVE_INBOX_SETTLE_S", "5"))  # a file still being copied waits
@@ -46,15 +48,10 @@ def blendserve_inbox():
     @task
     def claim_new_files() -> list[dict]:
         """Every claimed file whose batch run is not yet created, as the trigger's arguments."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from blendserve.config import ConfigError
         from blendserve.inbox import claim_new_files as claim
 
-        try:
+        with fail_fast():  # an inbox outside the data roots: no retry fixes it
             claims = claim(inbox_folder(), SETTLE_SECONDS)
-        except ConfigError as error:  # an inbox outside the data roots: no retry fixes it
-            raise AirflowFailException(str(error)) from error
         for c in claims:
             print(f"claimed {c.name} (sha256 {c.sha256}): batch run {c.run_id}")
         return [{"trigger_run_id": c.run_id, "conf": {"input": c.input}} for c in claims]
