@@ -65,7 +65,7 @@ OpenAI-style output and error files beside the DuckDB file.
 
 INFER_POOL = os.environ.get("BLENDSERVE_INFER_POOL", "gpu")  # slots = GPUs (or CPU engines) available
 INFER_QUEUE = os.environ.get("BLENDSERVE_INFER_QUEUE", "gpu")  # Celery queue the GPU workers listen on
-DEFAULT_INPUT = os.environ.get("BLENDSERVE_DEFAULT_INPUT", "data/sample/requests.jsonl")
+DEFAULT_INPUT = os.environ.get("BLENDSERVE_DEFAULT_INPUT", "data/sample/requests-small.jsonl")  # a quick first run
 DEFAULT_DB = os.environ.get("BLENDSERVE_DB", "out/blendserve.duckdb")
 DEFAULT_RUNS_DIR = os.environ.get("BLENDSERVE_RUNS_DIR", "")  # e.g. s3://bucket/blendserve/runs on a cluster
 DEFAULT_STORAGE_CONN = os.environ.get("BLENDSERVE_STORAGE_CONN_ID", "")

@@ -90,7 +90,7 @@ def start(home: Path, work: Path) -> LiveAirflow:
         AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
         BLENDSERVE_DATA_ROOTS=os.pathsep.join([str(REPO / "data"), str(REPO / "out"), str(work)]),
         BLENDSERVE_DB=str(work / "live.duckdb"), BLENDSERVE_INBOX=str(work / "inbox"),
-        BLENDSERVE_DEFAULT_INPUT="data/sample/requests-small.jsonl", BLENDSERVE_RETRY_DELAY_S="5",
+        BLENDSERVE_RETRY_DELAY_S="5",
         BLENDSERVE_INBOX_SETTLE_S="1",
     )
     (work / "inbox").mkdir(parents=True, exist_ok=True)
