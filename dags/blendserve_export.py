@@ -1,18 +1,25 @@
 """Export each finished run as OpenAI batch output and error files.
 
-Scheduled on the ``blendserve_outputs`` Asset: every time ``blendserve_batch``
-loads a run into DuckDB, this DAG writes ``<run_id>-output.jsonl`` and
-``<run_id>-errors.jsonl`` into ``exports/`` beside the DuckDB file.
+Scheduled on the ``blendserve_outputs`` Asset, which ``blendserve_batch`` updates
+in its last task, after every DuckDB write of the run: this DAG then writes
+``<run_id>-output.jsonl``, ``<run_id>-errors.jsonl`` (engine errors and ingest
+rejects) and ``<run_id>-manifest.json`` (the Airflow run id, model, counts) into
+``exports/`` beside the DuckDB file. It only reads DuckDB; should the next batch
+run hold the file just then, the task retries.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 from airflow.sdk import dag, task
 
 from blendserve.assets import OUTPUTS
 
 
-@dag(dag_id="blendserve_export", schedule=[OUTPUTS], catchup=False, tags=["blendserve", "export"], doc_md=__doc__)
+@dag(dag_id="blendserve_export", schedule=[OUTPUTS], catchup=False, is_paused_upon_creation=False,
+     tags=["blendserve", "export"], doc_md=__doc__,
+     default_args={"retries": 5, "retry_delay": timedelta(seconds=10)})
 def blendserve_export():
     @task
     def export(triggering_asset_events=None) -> list[dict]:

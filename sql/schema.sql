@@ -12,6 +12,9 @@ CREATE TABLE IF NOT EXISTS runs (
     finished_at   TIMESTAMPTZ,
     status        VARCHAR NOT NULL           -- running | finished | failed
 );
+-- The id an Airflow run was started under (e.g. manual__2026-11-30T15:00:00+00:00); run_id is its
+-- safe form (config.safe_run_id), which names folders and export files. NULL for CLI runs.
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS airflow_run_id VARCHAR;
 
 CREATE TABLE IF NOT EXISTS requests (
     run_id                  VARCHAR NOT NULL,

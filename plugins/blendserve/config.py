@@ -15,10 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from blendserve import storage
+from blendserve.choices import ENGINES, EXPERIMENTAL_POLICIES, PUBLIC_POLICIES
 from blendserve.model_prep import REPO_ROOT
 from blendserve.storage import StoragePath
-
-ENGINES = ("vllm", "transformers", "simulator")
 
 # Run ids name folders, DuckDB rows and export files, and reach DuckDB's read_parquet inside paths:
 # one safe alphabet, no glob characters, no path separators, no leading dot or dash (so never '..').
@@ -59,7 +58,7 @@ class RunConfig:
     work_dir: str = ""  # run folder (Parquet, part files), path or s3://, gs:// URL; default <db folder>/runs/<run_id>
     storage_conn_id: str = ""  # Airflow connection for URL inputs and work_dir; empty: credentials from the environment
     model: str = ""  # model folder; default: the prepared SmolLM2-135M-Instruct
-    policy: str = "blendserve"  # scheduling policy: blendserve, blendserve-nosplit, dfs, density, fcfs, balance
+    policy: str = "blendserve"  # scheduling policy: one of choices.PUBLIC_POLICIES (or an experimental one)
     hardware: str = "a100-80g"  # hardware profile the plan is costed on (catalog name)
     sample_rate: float = 0.01  # share of each shard's requests run first to learn output lengths (0 = none)
     keep_sharing: float = 0.99  # split budget: the plan keeps at least this share of DFS prefix sharing
@@ -74,15 +73,20 @@ class RunConfig:
     part_rows: int = 64  # results per committed part file: what a crash can lose
     fail_after_rows: int = -1  # fault injection for tests: an infer shard dies after this many results (-1 = never)
     extra: dict = field(default_factory=dict)  # engine-specific options, passed through
+    airflow_run_id: str = ""  # the Airflow run id run_id was mapped from (safe_run_id); runs.airflow_run_id
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)  # it names a folder under the db's: never '..', never a glob
         if self.engine not in ENGINES:
             raise ConfigError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.policy not in PUBLIC_POLICIES + EXPERIMENTAL_POLICIES:
+            raise ConfigError(f"policy must be one of {PUBLIC_POLICIES}, got {self.policy!r}")
         if self.shards < 1:
             raise ConfigError(f"shards must be at least 1, got {self.shards}")
         if self.part_rows < 1:
             raise ConfigError(f"part_rows must be at least 1, got {self.part_rows}")
+        if self.model and not Path(self.model).is_dir():
+            raise ConfigError(f"model {self.model!r} is not a model folder")
         if storage.is_remote(self.db):
             # DuckDB takes one writer per file and cannot lock an object: the file stays on a disk
             raise ConfigError(f"db must be a local file, got {self.db!r}; put work_dir in object storage instead")

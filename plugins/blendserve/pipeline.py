@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -134,9 +135,12 @@ def _serve(config: RunConfig, shard: int, order: "ShardPlan", keep_engine: bool)
             raise InjectedFault(f"fault injection: shard {shard} stops after {config.fail_after_rows} rows")
 
     with engine_session(config, keep=keep_engine) as engine, Progress(f"shard {shard}", len(requests)) as progress:
+        started = time.time()  # after the engine start: the run's wall counts serving, as the engine's own does
         stats = engine.run(requests, order.controller, progress.wrap(on_result))
+        finished = time.time()
     writer.flush()
     summary = {"shard": shard, "served": stats.requests, "errors": stats.errors, "wall_seconds": stats.wall_seconds,
+               "started_at": started, "finished_at": finished,
                "prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
                "output_tokens": stats.output_tokens}
     storage.atomic_write_bytes(json.dumps(summary).encode(), shard_dir / "stats.json")
@@ -171,7 +175,7 @@ def _engine_requests(table: pa.Table, request_ids: list[str]) -> list[EngineRequ
 
 
 def load_step(config: RunConfig) -> dict:
-    """The single DuckDB writer: load every shard's part files, check one output per request."""
+    """Load every shard's part files into DuckDB, check one output per request."""
     files = storage.list_parts(config.parts_dir, f"*/{parts.PART_GLOB}")
     estimates = storage.list_parts(config.parts_dir, "shard-*/estimates.parquet")
     with store.connect(config.db) as con:
@@ -192,7 +196,7 @@ def load_step(config: RunConfig) -> dict:
 
 def _run_metrics(config: RunConfig) -> dict[str, float]:
     shards = [json.loads(p.read_text()) for p in storage.list_parts(config.parts_dir, "shard-*/stats.json")]
-    wall = max((s["wall_seconds"] for s in shards), default=0.0)  # shards run side by side
+    wall = run_wall_seconds(shards, simulated=config.engine == "simulator")
     prompt = sum(s["prompt_tokens"] for s in shards)
     cached = sum(s["cached_prompt_tokens"] for s in shards)
     output = sum(s["output_tokens"] for s in shards)
@@ -201,6 +205,20 @@ def _run_metrics(config: RunConfig) -> dict[str, float]:
         "tokens_per_second": (prompt + output) / wall if wall else 0.0,
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
     }
+
+
+def run_wall_seconds(shards: list[dict], simulated: bool = False) -> float:
+    """Seconds during which at least one shard was serving: the union of the shards' [start, end]
+    intervals. Side by side that is first start to last end; one after another (one pool slot, or
+    the CLI) the sum of their busy times, never the longest shard alone. Simulated shards carry
+    simulated seconds on separate simulated GPUs, so the longest one sets their wall."""
+    if simulated or any("started_at" not in s for s in shards):  # stats.json of older runs: no times
+        return max((s["wall_seconds"] for s in shards), default=0.0)
+    wall, end = 0.0, float("-inf")
+    for start, finish in sorted((s["started_at"], s["finished_at"]) for s in shards):
+        wall += max(0.0, finish - max(start, end))
+        end = max(end, finish)
+    return wall
 
 
 def validate_outputs_step(config: RunConfig) -> dict:

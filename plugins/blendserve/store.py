@@ -107,9 +107,11 @@ def _sql_file_name(path: PathLike) -> str:
 def start_run(con: duckdb.DuckDBPyConnection, run_id: str, config_json: str) -> None:
     config = json.loads(config_json)
     con.execute(
-        """INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, NULL, 'running')
+        """INSERT INTO runs (run_id, config_json, input, engine, policy, started_at, status, airflow_run_id)
+           VALUES (?, ?, ?, ?, ?, ?, 'running', ?)
            ON CONFLICT (run_id) DO UPDATE SET status = 'running', config_json = excluded.config_json""",
-        [run_id, config_json, config["input"], config["engine"], config["policy"], datetime.now(timezone.utc)],
+        [run_id, config_json, config["input"], config["engine"], config["policy"], datetime.now(timezone.utc),
+         config.get("airflow_run_id") or None],
     )
 
 

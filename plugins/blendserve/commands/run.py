@@ -6,11 +6,13 @@ import argparse
 import json
 import time
 
+from blendserve.choices import ENGINES, PUBLIC_POLICIES
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run a dataset end to end into DuckDB")
     p.add_argument("--input", required=True, help="input file or glob (JSONL, OpenAI batch JSONL, CSV, Parquet)")
-    p.add_argument("--engine", default="vllm", choices=["vllm", "transformers", "simulator"])
+    p.add_argument("--engine", default="vllm", choices=ENGINES)
     p.add_argument("--db", required=True, help="DuckDB file the outputs land in")
     p.add_argument("--work-dir", default="",
                    help="run folder (requests, plan, part files): a path or s3://, gs:// URL (fsspec credentials "
@@ -19,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="re-use an id to resume a run (default: a new id, the time plus a random suffix); "
                         "letters, digits, . _ - only")
     p.add_argument("--policy", default="blendserve",
-                   choices=["blendserve", "blendserve-nosplit", "dfs", "density", "fcfs", "balance"],
+                   choices=PUBLIC_POLICIES,
                    help="scheduling policy; the baselines are there to A/B against")
     p.add_argument("--sample-rate", type=float, default=0.01, help="share of each shard run first to learn output lengths (0 = none)")
     p.add_argument("--hardware", default="a100-80g", help="hardware profile the plan is costed on")
