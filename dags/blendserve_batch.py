@@ -118,6 +118,19 @@ def run_config(params: dict, run_id: str, try_number: int = 1):
     )
 
 
+def mark_run_failed(context: dict) -> None:
+    """A task that failed for good (retries spent, or fail_fast) marks the run failed in DuckDB:
+    a run is never left ``running`` there. A config that cannot be built never started a run."""
+    from blendserve.config import ConfigError
+    from blendserve.pipeline import mark_failed
+
+    try:
+        config = run_config(context["params"], context["run_id"])
+    except ConfigError:
+        return
+    mark_failed(config)
+
+
 @dag(
     dag_id="blendserve_batch",
     schedule=None,  # runs come from the UI, the REST API and the blendserve_inbox DAG
@@ -127,7 +140,8 @@ def run_config(params: dict, run_id: str, try_number: int = 1):
     params=PARAMS,
     doc_md=DOC_MD,
     tags=["blendserve", "llm", "batch"],
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=int(os.environ.get("BLENDSERVE_RETRY_DELAY_S", "30")))},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=int(os.environ.get("BLENDSERVE_RETRY_DELAY_S", "30"))),
+                  "on_failure_callback": mark_run_failed},
 )
 def blendserve_batch():
     @task

@@ -131,3 +131,30 @@ def test_two_shards_run_one_after_another_report_the_wall_of_both(make_config):
     assert shards[0]["finished_at"] <= shards[1]["started_at"]  # the CLI runs them in a row
     assert result["wall_seconds"] == pytest.approx(sum(s["finished_at"] - s["started_at"] for s in shards))
     assert result["wall_seconds"] > max(s["finished_at"] - s["started_at"] for s in shards)  # not the longest alone
+
+
+def test_a_task_that_fails_for_good_marks_the_run_failed(tmp_path, monkeypatch):
+    monkeypatch.setenv("BLENDSERVE_DATA_ROOTS", f"{FIXTURES}{os.pathsep}{tmp_path}")
+    from blendserve import store
+
+    batch = dags()["blendserve_batch"]
+    callback = batch.get_task("infer").on_failure_callback
+    callback = callback[0] if isinstance(callback, list) else callback
+    params = {**batch.params.dump(), "input": str(FIXTURES / "mini.jsonl"), "db": str(tmp_path / "f.duckdb")}
+    airflow_run_id = "manual__2026-11-30T15:00:00+00:00"
+    config = batch_module().run_config(params, airflow_run_id)
+    with store.connect(config.db) as con:
+        store.start_run(con, config.run_id, config.to_json())
+    callback({"params": params, "run_id": airflow_run_id})
+    with duckdb.connect(config.db, read_only=True) as con:
+        assert con.execute("SELECT run_id, status FROM runs").fetchall() == [(config.run_id, "failed")]
+    callback({"params": {**params, "db": "/etc/x.duckdb"}, "run_id": airflow_run_id})  # no run: nothing to mark
+
+
+def batch_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("blendserve_batch_dag", REPO / "dags" / "blendserve_batch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
