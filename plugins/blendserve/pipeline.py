@@ -19,7 +19,6 @@ import pyarrow.compute as pc
 from blendserve import parts, storage, store
 from blendserve.progress import Progress, phase
 from blendserve.config import RunConfig
-from blendserve.engines.base import EngineRequest
 from blendserve.storage import StoragePath
 
 if TYPE_CHECKING:
@@ -125,7 +124,7 @@ def _serve(config: RunConfig, shard: int, order: "ShardPlan", keep_engine: bool)
     from blendserve.engines import engine_session
 
     shard_dir = config.shard_dir(shard)
-    requests = _engine_requests(order.requests, order.todo)
+    requests = order.engine_requests()
     writer = parts.PartWriter(shard_dir, config.run_id, shard, config.engine, config.part_rows)
 
     def on_result(result) -> None:
@@ -151,23 +150,6 @@ def _write_timeline(rows: list[dict], shard: int, path: StoragePath) -> None:
     columns = {key: pa.array([row.get(key) for row in rows], pa.float64()) for key in TIMELINE_KEYS}
     table = pa.table({"shard": pa.array([shard] * len(rows), pa.int32()), **columns})
     storage.atomic_write_parquet(table, path)
-
-
-def _engine_requests(table: pa.Table, request_ids: list[str]) -> list[EngineRequest]:
-    # only the rows still to serve become Python objects
-    table = table.filter(pc.is_in(table.column("request_id"), value_set=pa.array(request_ids, pa.string())))
-    rows = {r["request_id"]: r for r in table.to_pylist()}
-    return [EngineRequest(
-        request_id=i,
-        prompt_token_ids=rows[i]["prompt_token_ids"],
-        max_tokens=rows[i]["max_tokens"],
-        temperature=rows[i]["temperature"],
-        top_p=rows[i]["top_p"],
-        seed=rows[i]["seed"],
-        stop=None if rows[i]["stop_json"] is None else json.loads(rows[i]["stop_json"]),
-        expected_output_tokens=rows[i]["expected_output_tokens"],
-        sim_output_tokens=rows[i]["sim_output_tokens"],
-    ) for i in request_ids]
 
 
 def load_step(config: RunConfig) -> dict:
