@@ -10,10 +10,13 @@ import csv
 import io
 import json
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from blendserve import storage
 from blendserve.storage import StoragePath
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 RAW_LIMIT = 2000  # characters of the raw record kept for a reject
 NUMERIC_CSV_COLUMNS = {"max_tokens", "seed", "expected_output_tokens", "sim_output_tokens"}
@@ -119,12 +122,21 @@ def _parse(value: str, parse, column: str):
 
 
 def _read_parquet(path: StoragePath) -> Iterator[RawRecord]:
+    number = 0
+    for batch in parquet_batches(path):
+        yield from parquet_records(path, batch, number)
+        number += batch.num_rows
+
+
+def parquet_batches(path: StoragePath) -> Iterator["pa.RecordBatch"]:
     import pyarrow.parquet as pq
 
-    number = 0
     with path.open("rb") as f:
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=4096):
-            for row in batch.to_pylist():
-                number += 1
-                data = {k: v for k, v in row.items() if v is not None}
-                yield RawRecord(str(path), number, _truncate(json.dumps(data, default=str, ensure_ascii=False)), data)
+        yield from pq.ParquetFile(f).iter_batches(batch_size=4096)
+
+
+def parquet_records(path: StoragePath, batch: "pa.RecordBatch", rows_before: int) -> Iterator[RawRecord]:
+    """The batch's rows as records; ``rows_before``: rows of the file before this batch."""
+    for number, row in enumerate(batch.to_pylist(), start=rows_before + 1):
+        data = {k: v for k, v in row.items() if v is not None}
+        yield RawRecord(str(path), number, _truncate(json.dumps(data, default=str, ensure_ascii=False)), data)
