@@ -122,7 +122,8 @@ class _Sink:
                 keep.append(row)
             else:
                 self._reject(token_row_record(path, batch, row, rows_before), reason)
-        self._flush_requests(request_table(batch, np.array(keep, dtype=np.int64), str(path), rows_before, self.limits))
+        rows = np.array(keep, dtype=np.int64)
+        self._flush_requests(request_table(batch, rows, str(path), rows_before, self.limits) if keep else None)
 
     def _columnar_reject(self, request_id: str, length: int) -> str | None:
         # the same checks and words as add() and _flush_requests() for a token-id request
