@@ -50,14 +50,13 @@ def ingest_step(config: RunConfig) -> dict:
 
 def validate_input_step(config: RunConfig) -> dict:
     """great-expectations on the accepted requests; fails the step, naming the checks, if any fails."""
-    from blendserve.validation import raise_on_failure, validate_requests
+    from blendserve.validation import check_requests, raise_on_failure
 
-    requests = storage.read_parquet([config.requests_path], columns=["request_id", "num_prompt_tokens", "max_tokens"])
     with store.connect(config.db) as con:
         counts = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = ? AND name LIKE 'ingest_%'",
                                   [config.run_id]).fetchall())
-        results = validate_requests(requests.to_pandas(), config.max_model_len,
-                                    int(counts["ingest_read"]), int(counts["ingest_rejected"]))
+        results = check_requests(con, config.run_id, config.max_model_len,
+                                 int(counts["ingest_read"]), int(counts["ingest_rejected"]))
         store.put_validation(con, config.run_id, results)
     raise_on_failure(results)
     return {"checks": len(results)}
@@ -187,14 +186,10 @@ def _run_metrics(config: RunConfig) -> dict[str, float]:
 
 def validate_outputs_step(config: RunConfig) -> dict:
     """great-expectations on the outputs: exactly one per accepted request, sane values."""
-    from blendserve.validation import raise_on_failure, validate_outputs
+    from blendserve.validation import check_outputs, raise_on_failure
 
     with store.connect(config.db) as con:
-        outputs = con.execute("""SELECT request_id, status, num_output_tokens, finish_reason
-                                 FROM outputs WHERE run_id = ?""", [config.run_id]).df()
-        accepted = [r[0] for r in con.execute("SELECT request_id FROM requests WHERE run_id = ?",
-                                              [config.run_id]).fetchall()]
-        results = validate_outputs(outputs, accepted, config.max_model_len)
+        results = check_outputs(con, config.run_id, config.max_model_len)
         store.put_validation(con, config.run_id, results)
         store.finish_run(con, config.run_id, "finished" if all(r.success for r in results) else "failed")
     raise_on_failure(results)
