@@ -104,6 +104,7 @@ def main() -> None:
         return
     rows = []
     for n in args.sizes:
+        workload(args.mix, n)  # here: the source pools it loads would count in the run's memory
         rows.append(in_fresh_process(__file__, ["--mix", args.mix, "--one", str(n)]))
         print(show(rows[-1]), flush=True)
     if args.out:
