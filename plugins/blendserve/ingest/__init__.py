@@ -91,14 +91,15 @@ class _Sink:
     def _admit(self, record: RawRecord) -> bool:
         """Reject the record or queue it for tokenizing; True when queued."""
         self.read += 1
-        if record.error is not None:
-            return self._reject(record, record.error)
         try:
+            if record.error is not None:
+                raise Reject(record.error)
             request = normalize(record.data, self.limits)
+            if request.request_id in self.seen_ids:
+                raise Reject(_duplicate(request.request_id))
         except Reject as err:
-            return self._reject(record, str(err))
-        if request.request_id in self.seen_ids:
-            return self._reject(record, f"duplicate custom_id {request.request_id!r}: an earlier row has it (kept the first)")
+            self._reject(record, str(err))
+            return False
         self.seen_ids.add(request.request_id)
         self.pending.append((record, request))
         return True
@@ -108,8 +109,9 @@ class _Sink:
         rejects one), the others through ``normalize``; written as one table in the file's order."""
         self._flush_requests()  # what came before this batch is written before it
         plain = plain_rows(batch, self.limits)
-        ids = batch.column("custom_id").to_pylist() if plain.any() else [None] * batch.num_rows
-        lens = pc.list_value_length(batch.column("prompt_token_ids")).to_numpy(zero_copy_only=False) if plain.any() else None
+        if plain.any():
+            ids = batch.column("custom_id").to_pylist()
+            lens = pc.list_value_length(batch.column("prompt_token_ids")).to_numpy(zero_copy_only=False)
         keep = []
         for row in range(batch.num_rows):
             if not plain[row]:
@@ -126,11 +128,11 @@ class _Sink:
         self._flush_requests(request_table(batch, rows, str(path), rows_before, self.limits) if keep else None)
 
     def _columnar_reject(self, request_id: str, length: int) -> str | None:
-        # the same checks and words as add() and _flush_requests() for a token-id request
+        # the checks _admit() and _flush_requests() make of a token-id request
         if request_id in self.seen_ids:
-            return f"duplicate custom_id {request_id!r}: an earlier row has it (kept the first)"
+            return _duplicate(request_id)
         if length >= self.limits.max_model_len:
-            return f"prompt has {length} tokens; the model's context is {self.limits.max_model_len}"
+            return _too_long(length, self.limits.max_model_len)
         return None
 
     def close(self) -> None:
@@ -160,7 +162,7 @@ class _Sink:
         for (record, request), ids in zip(self.pending, token_ids):
             if len(ids) >= self.limits.max_model_len:
                 self.seen_ids.discard(request.request_id)  # a later valid row may reuse the id
-                self._reject(record, f"prompt has {len(ids)} tokens; the model's context is {self.limits.max_model_len}")
+                self._reject(record, _too_long(len(ids), self.limits.max_model_len))
                 continue
             rows.append(_request_row(record, request, ids, self.limits.max_model_len))
         table = pa.Table.from_pylist(rows, schema=REQUEST_SCHEMA)
@@ -178,6 +180,14 @@ class _Sink:
         text_ids = iter(self.tokenizer.encode_texts(texts))
         by_endpoint = {"chat": chat_ids, "completion": text_ids}
         return [r.prompt_token_ids if r.endpoint == "tokens" else next(by_endpoint[r.endpoint]) for r in requests]
+
+
+def _duplicate(request_id: str) -> str:
+    return f"duplicate custom_id {request_id!r}: an earlier row has it (kept the first)"
+
+
+def _too_long(tokens: int, max_model_len: int) -> str:
+    return f"prompt has {tokens} tokens; the model's context is {max_model_len}"
 
 
 def _request_row(record: RawRecord, request: Normalized, ids: list[int], max_model_len: int) -> dict:
