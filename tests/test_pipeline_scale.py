@@ -53,6 +53,7 @@ def test_large_tables_are_checked_on_a_sample_and_by_exact_sql_counts(scaled_run
                       f"outputs (great-expectations on 200 of {n:,} rows)": True}
     report = open(summary["report"]).read()
     assert f"great-expectations on 200 of {n:,} rows" in report
+    assert "policies simulated on a uniform sample of 150 requests" in report
 
 
 def test_sql_counts_catch_an_output_of_no_accepted_request(scaled_run) -> None:

@@ -141,6 +141,7 @@ def prediction_metrics(e: Explanation, policy: str) -> dict[str, float]:
         "predicted_sharing_kept": e.sharing_kept,
         "predicted_shared_prompt_share": e.shared_prompt_share,
         "predicted_shard_imbalance": e.shard_imbalance,
+        "predicted_simulated_requests": e.simulated_requests,
     }
     # every policy's time too, so the report can show the order of policies without re-simulating
     for r in e.policies:
