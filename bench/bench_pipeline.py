@@ -107,9 +107,9 @@ def main() -> None:
         workload(args.mix, n)  # here: the source pools it loads would count in the run's memory
         rows.append(in_fresh_process(__file__, ["--mix", args.mix, "--one", str(n)]))
         print(show(rows[-1]), flush=True)
-    if args.out:
-        write_result("pipeline", {"mix": args.mix, "engine": "simulator", "rows": rows,
-                                  "targets": {str(k): v for k, v in TARGETS.items()}})
+        if args.out:  # after every size: a larger one that fails keeps the smaller ones' figures
+            write_result("pipeline", {"mix": args.mix, "engine": "simulator", "rows": rows,
+                                      "targets": {str(k): v for k, v in TARGETS.items()}})
 
 
 if __name__ == "__main__":
