@@ -78,8 +78,9 @@ def one(mix: str, n: int) -> dict:
             step(config)
             figures[name] = {"wall_s": time.perf_counter() - started, "peak_gb": sampler.lap()}
         summary = pipeline.summary(config)
-    metrics = {k: summary[k] for k in ("requests", "rejected", "input_tokens", "output_tokens")}
-    return {"requests": n, **metrics, "token_gb": summary["input_tokens"] * 4 / 1e9, "steps": figures,
+    metrics = {k: summary[k] for k in ("rejected", "input_tokens", "output_tokens")}
+    return {"requests": n, "answered": summary["requests"], **metrics, "token_gb": summary["input_tokens"] * 4 / 1e9,
+            "steps": figures,
             "wall_s": sum(f["wall_s"] for f in figures.values()),
             "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,  # Linux: KiB
             "load_avg": [load_before, os.getloadavg()[0]]}
