@@ -139,9 +139,11 @@ def subtree_errors(lengths: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=["subtree", "requests", "estimate", "actual", "mape", "bias"])
     rel = (frame["estimate"] - frame["actual"]) / frame["actual"].clip(lower=1)
-    grouped = frame.assign(abs_rel=rel.abs(), rel=rel).groupby("subtree")
-    table = grouped.agg(requests=("request_id", "count"), estimate=("estimate", "mean"),
-                        actual=("actual", "mean"), mape=("abs_rel", "mean"), bias=("rel", "mean")).reset_index()
+    n = frame["requests"]
+    weighted = frame.assign(estimate=frame["estimate"] * n, actual=frame["actual"] * n, mape=rel.abs() * n, bias=rel * n)
+    table = weighted.groupby("subtree")[["requests", "estimate", "actual", "mape", "bias"]].sum().reset_index()
+    for column in ("estimate", "actual", "mape", "bias"):  # sums of request-weighted values: means per request
+        table[column] /= table["requests"]
     return table.sort_values("requests", ascending=False).head(TOP_SUBTREES).round(3)
 
 
@@ -149,9 +151,11 @@ def _lengths(data: RunData, out: Path) -> list[str]:
     lengths = data.lengths
     if lengths.empty:
         return ["No answered request has a planned estimate (empty plan or every request failed)."]
+    n = lengths["requests"]
     rel = (lengths["estimate"] - lengths["actual"]).abs() / lengths["actual"].clip(lower=1)
-    lines = [f"{len(lengths):,} requests: mean absolute error {rel.mean():.1%} of the actual length,"
-             f" mean estimate {lengths['estimate'].mean():.1f} tokens against {lengths['actual'].mean():.1f} actual."]
+    lines = [f"{n.sum():,} requests: mean absolute error {(rel * n).sum() / n.sum():.1%} of the actual length,"
+             f" mean estimate {(lengths['estimate'] * n).sum() / n.sum():.1f} tokens against"
+             f" {(lengths['actual'] * n).sum() / n.sum():.1f} actual."]
     lines += [""] + _image(plots.length_scatter(lengths, out / "lengths.png"), "estimate against actual")
     if not data.has_samples:
         return lines + ["", "No warm-up sample for this run (the samples table is empty): estimates are the"
