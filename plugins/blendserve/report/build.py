@@ -29,6 +29,7 @@ SECTIONS = (
     "Validation",
 )
 TOP_SUBTREES = 12  # subtrees shown in the per-subtree error figure and table
+TOP_REASONS = 25  # reject and error reasons listed, most requests first
 
 
 def report_dir(db: str | Path, run_id: str) -> Path:
@@ -201,7 +202,11 @@ def _utilization(data: RunData, out: Path) -> list[str]:
 def _reasons(data: RunData) -> list[str]:
     if data.reasons.empty:
         return ["No request was rejected at ingest and none failed in the engine."]
-    return _table(data.reasons)
+    shown, rest = data.reasons.head(TOP_REASONS), data.reasons.iloc[TOP_REASONS:]
+    # a reason may name a count (a prompt's length): a million requests can bring thousands of them
+    more = [] if rest.empty else ["", f"... and {len(rest):,} more reasons ({int(rest['requests'].sum()):,} requests):"
+                                      " the `rejects` table and the `outputs` errors hold them all."]
+    return _table(shown) + more
 
 
 def _validation(data: RunData) -> list[str]:
