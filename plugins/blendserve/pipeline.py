@@ -8,6 +8,7 @@ ingest -> validate_input -> plan -> infer_shard (x shards; each runs its warm-up
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 from dataclasses import asdict
@@ -114,6 +115,10 @@ def infer_shard(config: RunConfig, shard: int, keep_engine: bool = False) -> dic
     estimates = order.estimate_table()
     if estimates is not None:  # the warm-up's estimates, stored by load_step
         storage.atomic_write_parquet(estimates, shard_dir / "estimates.parquet")
+    del order
+    # the shard's token array sits in reference cycles (re-planner and controller, simulator and its proxy):
+    # free it now, not at some later collection, before the next step in this process reads the requests again
+    gc.collect()
     return summary
 
 
