@@ -44,7 +44,7 @@ test-fast: setup  ## everything but the live Airflow and browser tests
 	$(PY) -m pytest -m "not live"
 
 # Benchmarks: each writes bench/results/<name>.json and docs/img/*.png, then bench/render.py writes
-# docs/BENCHMARKS.md from them. `make bench` is the quick mode (20-25 minutes on 2 busy cores: 40k
+# docs/BENCHMARKS.md from them. `make bench` is the quick mode (25-30 minutes on 2 busy cores: 40k
 # requests per paper mix, 5k per grid cell); `make bench-full` the paper's sizes (400k per mix, 40k per
 # cell: hours, ~15 GB of cached mixes). The two differ only in the sizes passed to bench-run.
 # NICE keeps them behind interactive work on a shared machine; `make bench NICE=` drops it.
@@ -53,10 +53,11 @@ BENCH = $(NICE) $(PY) bench
 .PHONY: bench-full bench-run bench-render
 
 bench: setup
-	$(MAKE) bench-run SIM_RUNS=1 MIX_REQUESTS=40000 GRID_REQUESTS=5000 SAMPLING_REQUESTS=10000
+	$(MAKE) bench-run SIM_RUNS=1 MIX_REQUESTS=40000 GRID_REQUESTS=5000 SAMPLING_REQUESTS=10000 PIPELINE_SIZES=100000
 
 bench-full: setup
-	$(MAKE) bench-run SIM_RUNS=3 MIX_REQUESTS=400000 GRID_REQUESTS=40000 SAMPLING_REQUESTS=100000
+	$(MAKE) bench-run SIM_RUNS=3 MIX_REQUESTS=400000 GRID_REQUESTS=40000 SAMPLING_REQUESTS=100000 \
+		PIPELINE_SIZES="100000 300000 1000000"
 
 bench-run:
 	$(BENCH)/bench_simulator.py --sizes 10000 100000 1000000 --runs $(SIM_RUNS) --out
@@ -66,6 +67,7 @@ bench-run:
 	$(BENCH)/bench_timeline.py --setup 8b --mix d1.4-s35 --requests $(MIX_REQUESTS) --out
 	$(BENCH)/bench_grid.py --requests $(GRID_REQUESTS) --out
 	$(BENCH)/bench_sampling.py --requests $(SAMPLING_REQUESTS) --out
+	$(BENCH)/bench_pipeline.py --sizes $(PIPELINE_SIZES) --out
 	$(PY) bench/render.py
 
 bench-render:  ## docs/BENCHMARKS.md from the results already in bench/results/

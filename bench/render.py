@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from tables import (
-    grid_section, planner_section, policies_section, sampling_section, simulator_section, summarize, timeline_section,
+    grid_section, pipeline_section, planner_section, policies_section, sampling_section, simulator_section, summarize,
+    timeline_section,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,7 +26,7 @@ FRAGMENTS = DOCS / "bench"
 
 INTRO = """# Benchmarks
 
-Regenerate everything on this page with one command: `make bench` (quick mode, 20-25 minutes on
+Regenerate everything on this page with one command: `make bench` (quick mode, 25-30 minutes on
 2 cores) or `make bench-full` (the paper's sizes, hours). Each bench writes its numbers to
 `bench/results/<name>.json` and its figures to `docs/img/`; `bench/render.py` writes this page from
 them. Every table says the machine, versions and command that made it. "uncommitted" lists the files of
@@ -114,6 +115,8 @@ def render() -> str:
                 "bench/bench_sampling.py --out"),
         section("Planner scaling", "planner", planner_section, "bench/bench_planner.py --out"),
         section("Simulator scaling", "simulator", simulator_section, "bench/bench_simulator.py --out"),
+        section("The whole run at scale (simulator engine)", "pipeline", pipeline_section,
+                "bench/bench_pipeline.py --out"),
         included("Real engine (vLLM-CPU, SmolLM2)", "real_engine.md"),
         included("Warm-up on the real engine", "warmup.md"),
     ]

@@ -154,6 +154,22 @@ def _shard_order(row: dict) -> str:
     return f"{row['order_s']:.1f} / {row['order_peak_gb']:.2f} / {row['choice']}"
 
 
+def pipeline_section(data: dict) -> str:
+    steps = list(data["rows"][0]["steps"]) if data["rows"] else []
+    rows = [[f"{r['requests']:,}", f"{r['answered']:,}", f"{r['token_gb']:.2f}",
+             *(f"{r['steps'][s]['wall_s']:.0f} / {r['steps'][s]['peak_gb']:.1f}" for s in steps),
+             f"**{r['wall_s']:.0f}**", f"**{r['peak_gb']:.2f}**", f"{r['load_avg'][0]:.0f} .. {r['load_avg'][1]:.0f}"]
+            for r in data["rows"]]
+    targets = ", ".join(f"{int(n) // 1000}k: under {s / 60:.0f} min and {gb:.0f} GB" for n, (s, gb) in data["targets"].items())
+    intro = (f"`blendserve run --engine simulator` on `blendserve workload --mix {data['mix']}` files (the rows past the "
+             "2,048-token context are rejected at ingest), each size in a fresh process, the run's steps timed one by "
+             "one: seconds / peak GB inside the step. Token ids: the accepted prompt tokens as int32. The machine is "
+             f"shared (2 cores): the load average at the start and end of each size is in the last column. Targets: {targets}.")
+    header = ["requests", "accepted (one output each)", "token ids GB", *(f"{s} s / GB" for s in steps), "run s",
+              "peak GB", "load"]
+    return "\n\n".join([intro, table(header, rows), provenance(data)])
+
+
 def simulator_section(data: dict) -> str:
     rows = [[f"{r['requests']:,}", f"{r['input_tokens'] / 1e6:,.1f}M / {r['output_tokens'] / 1e6:,.1f}M",
              f"{r['simulated_s']:,.0f}", f"{r['steps']:,}", f"{r['segments']:,}", f"{r['wall_s']:.1f}",

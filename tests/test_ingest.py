@@ -137,3 +137,37 @@ def test_long_raw_record_is_truncated_in_rejects(tmp_path, tokenizer):
     path.write_text(json.dumps({"custom_id": "x", "prompt": "", "pad": "y" * 50_000}) + "\n")
     _, _, rejects = run_ingest(tmp_path, tokenizer, str(path))
     assert len(rejects.column("raw")[0].as_py()) < 2100
+
+
+def test_plain_parquet_rows_take_the_columnar_path_with_the_row_path_results(tmp_path, tokenizer, monkeypatch):
+    """Plain token-id rows skip normalize; the files must be what normalize and the row sink write."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import blendserve.ingest as ingest_module
+
+    rows = [
+        {"custom_id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 5, "temperature": 0.5, "seed": 7},
+        {"custom_id": "b", "prompt_token_ids": [4] * 3000, "max_tokens": 5},  # too long
+        {"custom_id": "g", "prompt_token_ids": [5, 6], "sim_output_tokens": 9},
+        {"custom_id": "a", "prompt_token_ids": [7]},  # duplicate
+        {"custom_id": "c", "prompt_token_ids": [99999999]},  # out of the vocabulary: the row path words it
+        {"custom_id": "d", "prompt_token_ids": [8, 9], "max_tokens": 99999},  # out of range: the row path
+        {"custom_id": "e", "prompt_token_ids": [10], "top_p": 0.0},  # top_p = 0: the row path
+        {"custom_id": " ", "prompt_token_ids": [11]},  # blank id: the row path
+        {"custom_id": "f", "prompt_token_ids": [12, 13], "max_tokens": 2047},  # capped to the context
+    ]
+    columns = list(dict.fromkeys(k for r in rows for k in r))  # from_pylist would take the first row's keys
+    pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in rows]), tmp_path / "in.parquet")
+    limits = Limits(default_max_tokens=16, max_model_len=2048, vocab_size=tokenizer.vocab_size)
+    plain = ingest_module.plain_rows(pq.read_table(tmp_path / "in.parquet").to_batches()[0], limits)
+    assert plain.tolist() == [True, True, True, True, False, False, False, False, True]
+    fast = run_ingest(tmp_path / "fast", tokenizer, str(tmp_path / "in.parquet"))
+    monkeypatch.setattr(ingest_module, "plain_rows", lambda batch, limits: np.zeros(batch.num_rows, dtype=bool))
+    slow = run_ingest(tmp_path / "slow", tokenizer, str(tmp_path / "in.parquet"))
+    assert (fast[0].read, fast[0].accepted, fast[0].rejected) == (9, 3, 6)
+    assert fast[1].equals(slow[1])
+    assert fast[2].sort_by("source_row").equals(slow[2].sort_by("source_row"))
+    assert fast[1].column("request_id").to_pylist() == ["a", "g", "f"]
+    assert fast[1].column("max_tokens").to_pylist() == [5, 16, 2046]

@@ -103,3 +103,16 @@ def test_report_simulates_the_prediction_when_none_was_stored(finished_run, tmp_
     text = build_report(str(db), "rep", str(tmp_path / "out")).read_text()
     assert "simulated while building this report from requests.parquet" in text
     assert re.search(r"Predicted for blendserve: [\d,.]+ tokens/s", text)
+
+
+def test_reasons_list_the_most_common_and_count_the_rest() -> None:
+    import pandas as pd
+
+    from blendserve.report import build
+
+    reasons = pd.DataFrame({"stage": ["rejected at ingest"] * 30, "reason": [f"prompt has {2048 + i} tokens" for i in range(30)],
+                            "requests": list(range(60, 30, -1))})
+    data = type("Data", (), {"reasons": reasons})()
+    lines = build._reasons(data)
+    assert sum("prompt has" in line for line in lines) == build.TOP_REASONS
+    assert lines[-1].startswith("... and 5 more reasons (165 requests)")  # 35 + 34 + 33 + 32 + 31

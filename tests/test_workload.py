@@ -11,8 +11,7 @@ from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.cli import main
 from blendserve.costmodel import CostModel, get_hardware, get_model, unique_prompt_tokens
 from blendserve.model_prep import REPO_ROOT
-from blendserve.schema import REQUEST_SCHEMA
-from blendserve.workload import WorkloadSpec, build_workload
+from blendserve.workload import WORKLOAD_SCHEMA, WorkloadSpec, build_workload
 
 DATA = REPO_ROOT.parent / "shared" / "data"
 pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"{DATA} (the shared data sets) is absent")
@@ -41,14 +40,13 @@ def test_mix_meets_targets_and_the_report_matches_the_file(mix) -> None:
 def test_file_has_the_request_schema_and_sources(mix) -> None:
     path, _ = mix
     table = pq.read_table(path)
-    assert table.schema.equals(REQUEST_SCHEMA)
+    assert table.schema.equals(WORKLOAD_SCHEMA)
     rows = table.to_pylist()
     sources = {json.loads(r["metadata_json"])["source"] for r in rows}
     assert sources == {"api", "mmlu", "video"}
     for r in rows[:500]:
         source = json.loads(r["metadata_json"])["source"]
-        assert (r["endpoint"] == "tokens") == (source == "api")
-        assert (r["prompt"] is None) == (source == "api")
+        assert r["custom_id"] == r["request_id"] and r["endpoint"] == "tokens" and r["prompt"] is None
         assert (r["expected_output_tokens"] is not None) == (source == "video")  # only video lengths are known
         assert r["sim_output_tokens"] >= 1 and r["num_prompt_tokens"] == len(r["prompt_token_ids"])
         assert (DATA / r["source_file"]).exists() and r["source_row"] >= 1

@@ -2,6 +2,8 @@
 
 Token ids are stored CSR-style (one flat array plus offsets, exactly Arrow's
 list layout), so a million requests cost a few arrays, not a million objects.
+A batch taken from another (``take``) shares its token array and locates each
+prompt by ``token_starts``: reordering a million prompts copies no token.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 UNKNOWN = -1  # marks an unknown length in the int32 length arrays
@@ -24,6 +28,9 @@ class RequestBatch:
     max_tokens: np.ndarray  # (n,) int32: the request's own cap on output tokens
     expected_output_tokens: np.ndarray  # (n,) int32, UNKNOWN if not known in advance
     sim_output_tokens: np.ndarray  # (n,) int32 true lengths for the simulator only, UNKNOWN if absent
+    # (n,) int64 where prompt i starts in ``tokens`` when it is shared with the batch it was taken from;
+    # None: contiguous, prompt i starts at token_offsets[i] (offsets then only give the lengths)
+    token_starts: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -32,24 +39,28 @@ class RequestBatch:
     def prompt_lens(self) -> np.ndarray:
         return np.diff(self.token_offsets).astype(np.int64)
 
+    @property
+    def prompt_starts(self) -> np.ndarray:
+        """(n,) int64: where each prompt starts in ``tokens``."""
+        return self.token_offsets[:-1] if self.token_starts is None else self.token_starts
+
     def prompt(self, i: int) -> np.ndarray:
-        return self.tokens[self.token_offsets[i] : self.token_offsets[i + 1]]
+        start = self.token_offsets[i] if self.token_starts is None else self.token_starts[i]
+        return self.tokens[start : start + self.token_offsets[i + 1] - self.token_offsets[i]]
 
     def take(self, indices: np.ndarray) -> "RequestBatch":
-        """A new batch of the given rows, in the given order."""
+        """A batch of the given rows, in the given order, sharing this batch's tokens (no token is copied)."""
         indices = np.asarray(indices, dtype=np.int64)
-        lens = self.prompt_lens[indices]
         offsets = np.zeros(len(indices) + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        starts = self.token_offsets[indices]
-        gather = np.repeat(starts - offsets[:-1], lens) + np.arange(offsets[-1], dtype=np.int64)
+        np.cumsum(self.prompt_lens[indices], out=offsets[1:])
         return RequestBatch(
             request_ids=self.request_ids[indices],
             token_offsets=offsets,
-            tokens=self.tokens[gather],
+            tokens=self.tokens,
             max_tokens=self.max_tokens[indices],
             expected_output_tokens=self.expected_output_tokens[indices],
             sim_output_tokens=self.sim_output_tokens[indices],
+            token_starts=self.prompt_starts[indices],
         )
 
     @classmethod
@@ -72,9 +83,64 @@ class RequestBatch:
 
     @classmethod
     def from_parquet(cls, path: str | Path) -> "RequestBatch":
+        if "num_prompt_tokens" in pq.read_schema(path).names:
+            return read_batch(ds.dataset(str(path), format="parquet"))[0]
         columns = ["request_id", "prompt_token_ids", "max_tokens", "expected_output_tokens", "sim_output_tokens"]
         present = set(pq.read_schema(path).names)
         return cls.from_table(pq.read_table(path, columns=[c for c in columns if c in present]))
+
+
+BATCH_COLUMNS = ["request_id", "num_prompt_tokens", "max_tokens", "expected_output_tokens", "sim_output_tokens"]
+
+
+def read_batch(dataset: ds.Dataset, columns: list[str] = (), request_ids: list[str] | None = None
+               ) -> tuple[RequestBatch, pa.Table]:
+    """The batch of a request dataset (``num_prompt_tokens`` beside ``prompt_token_ids``, as in REQUEST_SCHEMA),
+    only ``request_ids``' rows when given, in file order; and the other ``columns`` of those rows.
+
+    Token ids are copied once, a record batch at a time, into one array sized
+    by ``num_prompt_tokens``: the peak is the batch's tokens plus one record
+    batch, not the Arrow table and its concatenated copy.
+    """
+    present = set(dataset.schema.names)
+    small = dataset.to_table(columns=[c for c in BATCH_COLUMNS if c in present] + list(columns))
+    keep = None if request_ids is None else pc.is_in(small.column("request_id"),
+                                                      value_set=pa.array(request_ids, pa.string()))
+    if keep is not None:
+        keep = keep.combine_chunks() if keep.num_chunks else pa.array([], pa.bool_())
+        small = small.filter(keep)
+    lens = small.column("num_prompt_tokens").to_numpy().astype(np.int64)
+    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    batch = RequestBatch(
+        request_ids=np.asarray(small.column("request_id").to_pylist(), dtype=object),
+        token_offsets=offsets,
+        tokens=_read_tokens(dataset, keep, int(offsets[-1])),
+        max_tokens=_int_column(small, "max_tokens", 256),
+        expected_output_tokens=_int_column(small, "expected_output_tokens", UNKNOWN),
+        sim_output_tokens=_int_column(small, "sim_output_tokens", UNKNOWN),
+    )
+    return batch, small.select(list(columns))
+
+
+def _read_tokens(dataset: ds.Dataset, keep: pa.BooleanArray | None, total: int) -> np.ndarray:
+    tokens = np.empty(total, dtype=np.int32)
+    filled = row = 0
+    # one thread keeps the record batches in file order, the order of the small columns; pre-buffering
+    # would hold the whole column's compressed pages (2.4 GB more at 1M requests)
+    no_prebuffer = ds.ParquetFragmentScanOptions(pre_buffer=False)
+    for record_batch in dataset.to_batches(columns=["prompt_token_ids"], use_threads=False, batch_size=4096,
+                                           fragment_scan_options=no_prebuffer):
+        lists = record_batch.column(0)
+        if keep is not None:
+            lists = lists.filter(keep.slice(row, len(lists)))
+        row += record_batch.num_rows
+        values = lists.flatten().to_numpy(zero_copy_only=False)
+        tokens[filled : filled + len(values)] = values
+        filled += len(values)
+    if filled != total:
+        raise ValueError(f"prompt_token_ids hold {filled} tokens, num_prompt_tokens says {total}")
+    return tokens
 
 
 def _int_column(table: pa.Table, name: str, default: int) -> np.ndarray:

@@ -8,6 +8,7 @@ ingest -> validate_input -> plan -> infer_shard (x shards; each runs its warm-up
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import time
@@ -20,7 +21,6 @@ import pyarrow.compute as pc
 from blendserve import parts, storage, store
 from blendserve.progress import Progress, phase
 from blendserve.config import RunConfig
-from blendserve.engines.base import EngineRequest
 from blendserve.storage import StoragePath
 
 if TYPE_CHECKING:
@@ -52,14 +52,13 @@ def ingest_step(config: RunConfig) -> dict:
 
 def validate_input_step(config: RunConfig) -> dict:
     """great-expectations on the accepted requests; fails the step, naming the checks, if any fails."""
-    from blendserve.validation import raise_on_failure, validate_requests
+    from blendserve.validation import check_requests, raise_on_failure
 
-    requests = storage.read_parquet([config.requests_path], columns=["request_id", "num_prompt_tokens", "max_tokens"])
     with store.connect(config.db) as con:
         counts = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = ? AND name LIKE 'ingest_%'",
                                   [config.run_id]).fetchall())
-        results = validate_requests(requests.to_pandas(), config.max_model_len,
-                                    int(counts["ingest_read"]), int(counts["ingest_rejected"]))
+        results = check_requests(con, config.run_id, config.max_model_len,
+                                 int(counts["ingest_read"]), int(counts["ingest_rejected"]))
         store.put_validation(con, config.run_id, results)
     raise_on_failure(results)
     return {"checks": len(results)}
@@ -117,6 +116,10 @@ def infer_shard(config: RunConfig, shard: int, keep_engine: bool = False) -> dic
     estimates = order.estimate_table()
     if estimates is not None:  # the warm-up's estimates, stored by load_step
         storage.atomic_write_parquet(estimates, shard_dir / "estimates.parquet")
+    del order
+    # the shard's token array sits in reference cycles (re-planner and controller, simulator and its proxy):
+    # free it now, not at some later collection, before the next step in this process reads the requests again
+    gc.collect()
     return summary
 
 
@@ -126,7 +129,7 @@ def _serve(config: RunConfig, shard: int, order: "ShardPlan", keep_engine: bool)
     from blendserve.engines import engine_session
 
     shard_dir = config.shard_dir(shard)
-    requests = _engine_requests(order.requests, order.todo)
+    requests = order.engine_requests()
     writer = parts.PartWriter(shard_dir, config.run_id, shard, config.engine, config.part_rows)
 
     def on_result(result) -> None:
@@ -155,23 +158,6 @@ def _write_timeline(rows: list[dict], shard: int, path: StoragePath) -> None:
     columns = {key: pa.array([row.get(key) for row in rows], pa.float64()) for key in TIMELINE_KEYS}
     table = pa.table({"shard": pa.array([shard] * len(rows), pa.int32()), **columns})
     storage.atomic_write_parquet(table, path)
-
-
-def _engine_requests(table: pa.Table, request_ids: list[str]) -> list[EngineRequest]:
-    # only the rows still to serve become Python objects
-    table = table.filter(pc.is_in(table.column("request_id"), value_set=pa.array(request_ids, pa.string())))
-    rows = {r["request_id"]: r for r in table.to_pylist()}
-    return [EngineRequest(
-        request_id=i,
-        prompt_token_ids=rows[i]["prompt_token_ids"],
-        max_tokens=rows[i]["max_tokens"],
-        temperature=rows[i]["temperature"],
-        top_p=rows[i]["top_p"],
-        seed=rows[i]["seed"],
-        stop=None if rows[i]["stop_json"] is None else json.loads(rows[i]["stop_json"]),
-        expected_output_tokens=rows[i]["expected_output_tokens"],
-        sim_output_tokens=rows[i]["sim_output_tokens"],
-    ) for i in request_ids]
 
 
 def load_step(config: RunConfig) -> dict:
@@ -223,14 +209,10 @@ def run_wall_seconds(shards: list[dict], simulated: bool = False) -> float:
 
 def validate_outputs_step(config: RunConfig) -> dict:
     """great-expectations on the outputs: exactly one per accepted request, sane values."""
-    from blendserve.validation import raise_on_failure, validate_outputs
+    from blendserve.validation import check_outputs, raise_on_failure
 
     with store.connect(config.db) as con:
-        outputs = con.execute("""SELECT request_id, status, num_output_tokens, finish_reason
-                                 FROM outputs WHERE run_id = ?""", [config.run_id]).df()
-        accepted = [r[0] for r in con.execute("SELECT request_id FROM requests WHERE run_id = ?",
-                                              [config.run_id]).fetchall()]
-        results = validate_outputs(outputs, accepted, config.max_model_len)
+        results = check_outputs(con, config.run_id, config.max_model_len)
         store.put_validation(con, config.run_id, results)
         store.finish_run(con, config.run_id, "finished" if all(r.success for r in results) else "failed")
     raise_on_failure(results)

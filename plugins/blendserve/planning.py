@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from blendserve import storage
-from blendserve.batch import RequestBatch
+from blendserve.batch import RequestBatch, read_batch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware
 
 if TYPE_CHECKING:
     from blendserve.admission import AdmissionController
+    from blendserve.engines.base import BatchRequests
     from blendserve.sampling import Estimates, WarmupController
 
 PLANNER_POLICIES = ("blendserve", "blendserve-nosplit")  # cut by planner.build_plan into shards from both ends
@@ -56,11 +56,14 @@ def kv_capacity_for(config: RunConfig, cost: CostModel) -> int:
     return int(config.kv_cache_gb * 2**30 // cost.model.kv_bytes_per_token)
 
 
-def sampling_keys(requests: pa.Table) -> np.ndarray:
+SAMPLING_COLUMNS = ["temperature", "top_p", "seed", "stop_json"]  # beside the batch: what an engine request needs
+
+
+def sampling_keys(batch: RequestBatch, sampling: pa.Table) -> np.ndarray:
     """int64 per request: equal keys (and equal tokens) mean one inference answers both.
     Only deterministic requests (greedy, or sampled with a fixed seed) can share an answer."""
-    columns = [requests.column(c).to_pylist() for c in ("max_tokens", "temperature", "top_p", "seed", "stop_json")]
-    keys = np.empty(requests.num_rows, dtype=np.int64)
+    columns = [batch.max_tokens.tolist()] + [sampling.column(c).to_pylist() for c in SAMPLING_COLUMNS]
+    keys = np.empty(len(batch), dtype=np.int64)
     for i, (max_tokens, temperature, top_p, seed, stop) in enumerate(zip(*columns)):
         deterministic = temperature == 0 or seed is not None
         identity = (max_tokens, round(temperature, 6), round(top_p, 6), seed, stop) if deterministic else ("row", i)
@@ -70,26 +73,24 @@ def sampling_keys(requests: pa.Table) -> np.ndarray:
 
 @dataclass
 class Inputs:
-    table: pa.Table  # requests.parquet
-    batch: RequestBatch
+    batch: RequestBatch  # requests.parquet's rows
+    sampling: pa.Table  # their SAMPLING_COLUMNS, same order
     keys: np.ndarray  # sampling keys (dedupe)
     cost: CostModel
     kv_capacity: int  # tokens
 
 
-def read_requests(config: RunConfig, request_ids: list[str] | None = None) -> pa.Table:
-    """The run's accepted requests (requests.parquet), only ``request_ids``' rows when given (one shard's)."""
-    table = storage.read_parquet([config.requests_path])
-    if request_ids is None:
-        return table
-    return table.filter(pc.is_in(table.column("request_id"), value_set=pa.array(request_ids, pa.string())))
+def read_requests(config: RunConfig, request_ids: list[str] | None = None) -> tuple[RequestBatch, pa.Table]:
+    """The run's accepted requests (requests.parquet) as a batch and their SAMPLING_COLUMNS, in file order;
+    only ``request_ids``' rows when given (one shard's). Only the columns the planner and engines use are read."""
+    return read_batch(storage.parquet_dataset([config.requests_path]), SAMPLING_COLUMNS, request_ids)
 
 
-def load_inputs(config: RunConfig, table: pa.Table | None = None) -> Inputs:
-    """The planner's view of ``table`` (default: every accepted request of the run)."""
-    table = read_requests(config) if table is None else table
+def load_inputs(config: RunConfig, requests: tuple[RequestBatch, pa.Table] | None = None) -> Inputs:
+    """The planner's view of ``requests`` (``read_requests``'s; default: every accepted request of the run)."""
+    batch, sampling = read_requests(config) if requests is None else requests
     cost = cost_model_for(config)
-    return Inputs(table, RequestBatch.from_table(table), sampling_keys(table), cost, kv_capacity_for(config, cost))
+    return Inputs(batch, sampling, sampling_keys(batch, sampling), cost, kv_capacity_for(config, cost))
 
 
 def plan_rows(config: RunConfig, inputs: Inputs) -> pa.Table:
@@ -142,10 +143,19 @@ def learns_lengths(config: RunConfig) -> bool:
 
 @dataclass
 class ShardPlan:
-    requests: pa.Table  # the shard's rows of requests.parquet, read once for its plan and its engine
+    requests: tuple[RequestBatch, pa.Table]  # the shard's rows (``read_requests``), read once for its plan and engine
     todo: list[str]  # request ids still to serve; the engine's request indices are positions here
     controller: "AdmissionController"  # the policy's admission, after the warm-up sample when there is one
     order: "ShardOrder | None" = None  # the shard's requests, sample and estimates (None: the plan's order)
+
+    def engine_requests(self) -> "BatchRequests":
+        """``todo``'s requests in its order, over the shard's token array (no token copied)."""
+        from blendserve.engines.base import BatchRequests
+
+        batch, sampling = self.requests
+        position = {i: b for b, i in enumerate(batch.request_ids.tolist())}
+        rows = np.array([position[i] for i in self.todo], dtype=np.int64)
+        return BatchRequests(batch.take(rows), sampling.take(pa.array(rows)))
 
     def estimate_table(self) -> pa.Table | None:
         """Per inference of the shard after its run: estimate, high quantile, source, observed length."""

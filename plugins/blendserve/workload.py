@@ -28,6 +28,8 @@ MIXES: dict[str, tuple[float, float]] = {  # name: (density, sharing), the paper
 }
 SOURCES = ("api", "mmlu", "video")
 CHUNK_ROWS = 20_000  # rows materialized at once when writing (bounds memory at 400k requests)
+# REQUEST_SCHEMA plus ingest's ``custom_id``, so ``blendserve run`` takes the file as is
+WORKLOAD_SCHEMA = REQUEST_SCHEMA.insert(0, pa.field("custom_id", pa.string(), nullable=False))
 
 
 @dataclass(frozen=True)
@@ -246,9 +248,9 @@ def build_workload(spec: WorkloadSpec, path: Path, cost: CostModel, root: Path) 
 
 
 def write_workload(plan: Plan, pools: dict[str, Pool], spec: WorkloadSpec, path: Path) -> None:
-    """Parquet with REQUEST_SCHEMA, written in chunks so 400k-request files fit in memory."""
+    """Parquet with WORKLOAD_SCHEMA, written in chunks so 400k-request files fit in memory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with pq.ParquetWriter(path, REQUEST_SCHEMA) as writer:
+    with pq.ParquetWriter(path, WORKLOAD_SCHEMA) as writer:
         for start in range(0, len(plan.source), CHUNK_ROWS):
             stop = min(start + CHUNK_ROWS, len(plan.source))
             writer.write_table(_chunk_table(plan, pools, spec, start, stop))
@@ -276,10 +278,13 @@ def _chunk_table(plan: Plan, pools: dict[str, Pool], spec: WorkloadSpec, start: 
     pool_rows = [(pools[name], int(r)) for name, r in zip(names, plan.row[start:stop])]
     out = plan.output[start:stop]
     video = np.array([n == "video" for n in names])
+    ids = [f"{spec.name}-{i:07d}" for i in idx]
     columns = {
-        "request_id": [f"{spec.name}-{i:07d}" for i in idx],
-        "endpoint": ["tokens" if n == "api" else "completion" for n in names],
-        "prompt": [pool.texts[r] if pool.texts is not None else None for pool, r in pool_rows],
+        "custom_id": ids,
+        "request_id": ids,
+        # every row gives its ids (ingest takes one of text and ids); source_file/source_row name the text
+        "endpoint": ["tokens"] * len(names),
+        "prompt": [None] * len(names),
         "messages_json": [None] * len(names),
         "prompt_token_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(prompts))),
         "num_prompt_tokens": lens,
@@ -294,8 +299,8 @@ def _chunk_table(plan: Plan, pools: dict[str, Pool], spec: WorkloadSpec, start: 
         "source_file": [pool.source_file[r] for pool, r in pool_rows],
         "source_row": np.array([pool.source_row[r] for pool, r in pool_rows], dtype=np.int64),
     }
-    return pa.table({k: pa.array(v, type=REQUEST_SCHEMA.field(k).type) if not isinstance(v, pa.Array) else v
-                     for k, v in columns.items()}, schema=REQUEST_SCHEMA)
+    return pa.table({k: pa.array(v, type=WORKLOAD_SCHEMA.field(k).type) if not isinstance(v, pa.Array) else v
+                     for k, v in columns.items()}, schema=WORKLOAD_SCHEMA)
 
 
 def names_is(names: list[str], source: str) -> np.ndarray:

@@ -56,7 +56,7 @@ def unique_prompt_tokens(batch: RequestBatch) -> int:
 
     if len(batch) == 0:
         return 0
-    _, lcp = sort_prompts(batch.tokens, batch.token_offsets)
+    _, lcp = sort_prompts(batch.tokens, batch.token_offsets, starts=batch.token_starts)
     return int(batch.prompt_lens.sum() - lcp.sum())
 
 

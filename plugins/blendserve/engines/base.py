@@ -7,17 +7,25 @@ engine refuses becomes an error result; it never stops the others.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+
+import numpy as np
 
 from blendserve.admission import AdmissionController
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from blendserve.batch import RequestBatch
 
 
 @dataclass
 class EngineRequest:
     request_id: str  # the user's custom_id
-    prompt_token_ids: list[int]  # after the chat template: what the prefix cache sees
+    prompt_token_ids: Sequence[int]  # after the chat template: what the prefix cache sees (an array view)
     max_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
@@ -25,6 +33,47 @@ class EngineRequest:
     stop: list[str] | None = None
     expected_output_tokens: int | None = None  # known in advance (a data column): planners and the simulator may use it
     sim_output_tokens: int | None = None  # true length, read only by the simulator engine (its model of the model)
+
+
+def token_list(ids: Sequence[int]) -> list[int]:
+    """The prompt as a Python list, for an engine API that takes one: made at submission, one request at a time."""
+    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+
+
+class BatchRequests(Sequence[EngineRequest]):
+    """The engine's requests over columns: an ``EngineRequest`` (its ids a view into ``batch.tokens``) is made
+    when an engine asks for one, so a shard's input costs its token array, not a Python object per token.
+
+    ``sampling``: the rows' temperature, top_p, seed and stop_json columns (None: greedy, as ``requests_from_batch``).
+    """
+
+    def __init__(self, batch: "RequestBatch", sampling: "pa.Table | None" = None) -> None:
+        from blendserve.batch import UNKNOWN
+
+        self.batch, n = batch, len(batch)
+        self.unknown = UNKNOWN
+
+        def column(name: str, default: object) -> list:
+            return [default] * n if sampling is None else sampling.column(name).to_pylist()
+
+        self.temperature, self.top_p = column("temperature", 0.0), column("top_p", 1.0)
+        self.seed, self.stop_json = column("seed", None), column("stop_json", None)
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        b = self.batch
+        known, sim = int(b.expected_output_tokens[i]), int(b.sim_output_tokens[i])
+        return EngineRequest(
+            request_id=str(b.request_ids[i]), prompt_token_ids=b.prompt(i), max_tokens=int(b.max_tokens[i]),
+            temperature=self.temperature[i], top_p=self.top_p[i], seed=self.seed[i],
+            stop=None if self.stop_json[i] is None else json.loads(self.stop_json[i]),
+            expected_output_tokens=None if known == self.unknown else known,
+            sim_output_tokens=None if sim == self.unknown else sim,
+        )
 
 
 @dataclass

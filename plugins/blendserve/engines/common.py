@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from blendserve.admission import AdmissionController, EngineState
-from blendserve.engines.base import EngineRequest, EngineResult, EngineStats
+from blendserve.engines.base import BatchRequests, EngineRequest, EngineResult, EngineStats
 
 if TYPE_CHECKING:
     from blendserve.batch import RequestBatch
@@ -36,17 +36,9 @@ SUMMED = ("steps", "prefill_tokens", "decode_tokens", "prefix_queries", "prefix_
 PROGRESS_FIRST = 16  # first output count reported to on_progress, then doubling (as the simulator does)
 
 
-def requests_from_batch(batch: "RequestBatch") -> list[EngineRequest]:
+def requests_from_batch(batch: "RequestBatch") -> BatchRequests:
     """Greedy engine requests for a columnar batch (benchmarks, tests): known and simulated lengths carried along."""
-    from blendserve.batch import UNKNOWN
-
-    def length(value: int) -> int | None:
-        return None if value == UNKNOWN else int(value)
-
-    return [EngineRequest(str(batch.request_ids[i]), batch.prompt(i).tolist(), int(batch.max_tokens[i]),
-                          expected_output_tokens=length(batch.expected_output_tokens[i]),
-                          sim_output_tokens=length(batch.sim_output_tokens[i]))
-            for i in range(len(batch))]
+    return BatchRequests(batch)
 
 
 def estimated_output(request: EngineRequest) -> int:

@@ -17,7 +17,7 @@ to ``RunConfig.max_num_seqs``).
 from __future__ import annotations
 
 import zlib
-from dataclasses import fields
+from dataclasses import fields, replace
 from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
@@ -27,21 +27,18 @@ from blendserve.admission import AdmissionController, EngineState
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware, get_model
-from blendserve.engines.base import EngineRequest, EngineResult, EngineStats, ResultSink
+from blendserve.engines.base import BatchRequests, EngineRequest, EngineResult, EngineStats, ResultSink
 from blendserve.engines.common import RunBook, refusal
 from blendserve.sim import SimConfig, kv_capacity_tokens
 from blendserve.sim.engine_core import EngineCore
 
 
-def simulated_output(request: EngineRequest, max_model_len: int) -> int:
-    """Output tokens the simulated model generates for ``request``: its truth, capped like a real engine caps."""
-    for length in (request.sim_output_tokens, request.expected_output_tokens):
-        if length is not None and length >= 0:
-            break
-    else:
-        length = request.max_tokens
-    room = max_model_len - len(request.prompt_token_ids)
-    return int(max(1, min(length, request.max_tokens, room)))
+def simulated_outputs(batch: RequestBatch, max_model_len: int) -> np.ndarray:
+    """(n,) output tokens the simulated model generates: each request's truth, capped like a real engine caps."""
+    length = np.where(batch.sim_output_tokens >= 0, batch.sim_output_tokens,
+                      np.where(batch.expected_output_tokens >= 0, batch.expected_output_tokens, batch.max_tokens))
+    room = max_model_len - batch.prompt_lens
+    return np.maximum(1, np.minimum(np.minimum(length, batch.max_tokens), room)).astype(np.int64)
 
 
 def synthetic_ids(request_id: str, length: int, vocab: int) -> list[int]:
@@ -50,19 +47,23 @@ def synthetic_ids(request_id: str, length: int, vocab: int) -> list[int]:
     return rng.integers(0, vocab, size=length, dtype=np.int64).tolist()
 
 
-def to_batch(requests: Sequence[EngineRequest], outputs: np.ndarray) -> RequestBatch:
+def to_batch(requests: Sequence[EngineRequest]) -> RequestBatch:
+    """The requests' columns: a ``BatchRequests`` hands over its own batch (no token copied)."""
+    if isinstance(requests, BatchRequests):
+        return requests.batch
     lens = np.array([len(r.prompt_token_ids) for r in requests], dtype=np.int64)
     offsets = np.zeros(len(requests) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     tokens = np.fromiter((t for r in requests for t in r.prompt_token_ids), dtype=np.int32, count=int(offsets[-1]))
     known = [UNKNOWN if r.expected_output_tokens is None else r.expected_output_tokens for r in requests]
+    simulated = [UNKNOWN if r.sim_output_tokens is None else r.sim_output_tokens for r in requests]
     return RequestBatch(
         request_ids=np.array([r.request_id for r in requests], dtype=object),
         token_offsets=offsets,
         tokens=tokens,
         max_tokens=np.array([r.max_tokens for r in requests], dtype=np.int32),
         expected_output_tokens=np.array(known, dtype=np.int32),
-        sim_output_tokens=outputs.astype(np.int32),
+        sim_output_tokens=np.array(simulated, dtype=np.int32),
     )
 
 
@@ -91,17 +92,12 @@ class SimulatorEngine:
         self.vocab = self.cost.model.vocab_size
 
     def run(self, requests: Sequence[EngineRequest], controller: AdmissionController, on_result: ResultSink) -> EngineStats:
-        outputs = np.array([simulated_output(r, self.max_model_len) for r in requests], dtype=np.int64)
-        refused = {}
-        for i, request in enumerate(requests):
-            reason = refusal(request, self.max_model_len, "context (max_model_len)")
-            if reason is None and len(request.prompt_token_ids) + outputs[i] > self.capacity:
-                reason = f"needs {len(request.prompt_token_ids) + outputs[i]} KV tokens, capacity is {self.capacity}"
-            if reason is not None:
-                refused[i] = reason
+        batch = to_batch(requests)
+        outputs = simulated_outputs(batch, self.max_model_len)
         book = RunBook(controller, on_result, self.interval_s)
-        proxy = _SimulatedRun(requests, outputs, refused, book, self)
-        core = EngineCore(to_batch(requests, outputs), outputs, self.cost, proxy, self.sim_config, self.capacity)
+        proxy = _SimulatedRun(requests, outputs, self._refusals(requests, batch, outputs), book, self)
+        batch = replace(batch, sim_output_tokens=outputs.astype(np.int32))
+        core = EngineCore(batch, outputs, self.cost, proxy, self.sim_config, self.capacity)
         proxy.core = core
         core.run()
         proxy.sample(EngineState(len(core.running), len(core.waiting), core.used, core.capacity))
@@ -109,6 +105,20 @@ class SimulatorEngine:
         stats.cached_prompt_tokens = core.hit_tokens  # the radix cache counts hits; per request they are not kept
         stats.mode = "stream"
         return stats
+
+    def _refusals(self, requests: Sequence[EngineRequest], batch: RequestBatch, outputs: np.ndarray) -> dict[int, str]:
+        """Index -> why the engine refuses it. Arrays find the few suspects; ``refusal`` words the reason."""
+        p = batch.prompt_lens
+        suspect = (p == 0) | (p + 1 > self.max_model_len) | (batch.max_tokens < 1) | (p + outputs > self.capacity)
+        refused = {}
+        for i in np.flatnonzero(suspect).tolist():
+            request = requests[i]
+            reason = refusal(request, self.max_model_len, "context (max_model_len)")
+            if reason is None and p[i] + outputs[i] > self.capacity:
+                reason = f"needs {p[i] + outputs[i]} KV tokens, capacity is {self.capacity}"
+            if reason is not None:
+                refused[i] = reason
+        return refused
 
     def close(self) -> None:
         pass  # nothing runs between calls

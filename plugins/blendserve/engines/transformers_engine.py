@@ -29,7 +29,7 @@ from typing import Sequence
 
 from blendserve.admission import AdmissionController, EngineState
 from blendserve.config import RunConfig
-from blendserve.engines.base import EngineRequest, EngineResult, EngineStats, ResultSink
+from blendserve.engines.base import EngineRequest, EngineResult, EngineStats, ResultSink, token_list
 from blendserve.engines.common import RunBook, refusal
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class TransformersEngine:
             return
         rid = f"{index}:{request.request_id}"
         try:
-            self.manager.add_request(list(request.prompt_token_ids), request_id=rid, max_new_tokens=max_new)
+            self.manager.add_request(token_list(request.prompt_token_ids), request_id=rid, max_new_tokens=max_new)
         except Exception as err:  # the manager refused this one request: record it, serve the rest
             book.refuse(index, request, str(err))
             return

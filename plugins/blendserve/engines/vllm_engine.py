@@ -27,7 +27,7 @@ from typing import Sequence
 
 from blendserve.admission import AdmissionController, EngineState
 from blendserve.config import RunConfig
-from blendserve.engines.base import EngineRequest, EngineResult, EngineStats, ResultSink
+from blendserve.engines.base import EngineRequest, EngineResult, EngineStats, ResultSink, token_list
 from blendserve.engines.common import RunBook, planned_order, refusal
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ class VllmEngine:
         if reason is None:
             vllm_id = f"{index}:{request.request_id}"
             try:
-                self.llm.llm_engine.add_request(vllm_id, {"prompt_token_ids": request.prompt_token_ids},
+                self.llm.llm_engine.add_request(vllm_id, {"prompt_token_ids": token_list(request.prompt_token_ids)},
                                                 _sampling(request))
             except Exception as err:  # vLLM refused this one request: record it, serve the rest
                 reason = str(err)

@@ -13,15 +13,18 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from blendserve import storage
 from blendserve.ingest.normalize import Limits, Normalized, Reject, normalize
-from blendserve.ingest.readers import RawRecord, expand_inputs, read_records
+from blendserve.ingest.columnar import plain_rows, request_table, token_row_record
+from blendserve.ingest.readers import RawRecord, expand_inputs, parquet_batches, parquet_records, read_records
 from blendserve.ingest.tokenize import PromptTokenizer
 from blendserve.schema import REJECT_SCHEMA, REQUEST_SCHEMA
-from blendserve.storage import PathLike
+from blendserve.storage import PathLike, StoragePath
 
 log = logging.getLogger(__name__)
 CHUNK_ROWS = 2048  # records tokenized and written together
@@ -49,6 +52,9 @@ def ingest(pattern: str, requests_path: PathLike, rejects_path: PathLike, tokeni
         sink = _Sink(requests_file, rejects_file, tokenizer, limits)
         for path in files:
             log.info("ingesting %s", path)
+            if path.suffix.lower() == ".parquet":
+                _add_parquet(sink, path)
+                continue
             for record in read_records(path):
                 sink.add(record)
         sink.close()
@@ -59,6 +65,17 @@ def ingest(pattern: str, requests_path: PathLike, rejects_path: PathLike, tokeni
         log.warning("ingest accepted no request from %s (%d rejected): the run will have no outputs",
                     pattern, report.rejected)
     return report
+
+
+def _add_parquet(sink: "_Sink", path: StoragePath) -> None:
+    """A batch at a time: plain token-id rows as columns, the others row by row."""
+    rows_before = 0
+    for batch in parquet_batches(path):
+        if isinstance(batch, RawRecord):  # the rest of the file cannot be read: one reject says why
+            sink.add(batch)
+            return
+        sink.add_columns(path, batch, rows_before)
+        rows_before += batch.num_rows
 
 
 class _Sink:
@@ -74,19 +91,55 @@ class _Sink:
         self.read = self.accepted = self.rejected = 0
 
     def add(self, record: RawRecord) -> None:
-        self.read += 1
-        if record.error is not None:
-            return self._reject(record, record.error)
-        try:
-            request = normalize(record.data, self.limits)
-        except Reject as err:
-            return self._reject(record, str(err))
-        if request.request_id in self.seen_ids:
-            return self._reject_duplicate(record, request)
-        # a pending row with this id may still be rejected as too long: _flush_requests decides
-        self.pending.append((record, request))
-        if len(self.pending) >= CHUNK_ROWS:
+        if self._admit(record) and len(self.pending) >= CHUNK_ROWS:
             self._flush_requests()
+
+    def _admit(self, record: RawRecord) -> bool:
+        """Reject the record or queue it for tokenizing; True when queued."""
+        self.read += 1
+        try:
+            if record.error is not None:
+                raise Reject(record.error)
+            request = normalize(record.data, self.limits)
+            if request.request_id in self.seen_ids:
+                raise Reject(_duplicate(request.request_id))
+        except Reject as err:
+            self._reject(record, str(err))
+            return False
+        # a pending row with this id may still be rejected as too long: _flush_requests decides duplicates
+        self.pending.append((record, request))
+        return True
+
+    def add_columns(self, path: StoragePath, batch: pa.RecordBatch, rows_before: int) -> None:
+        """A Parquet batch, in row order: ``plain_rows`` as columns (only a duplicate id or a too-long prompt
+        rejects one), the others through ``normalize``; written as one table in the file's order."""
+        self._flush_requests()  # what came before this batch is written before it
+        plain = plain_rows(batch, self.limits)
+        if plain.any():
+            ids = batch.column("custom_id").to_pylist()
+            lens = pc.list_value_length(batch.column("prompt_token_ids")).to_numpy(zero_copy_only=False)
+        keep = []
+        for row in range(batch.num_rows):
+            if not plain[row]:
+                self._admit(next(parquet_records(path, batch.slice(row, 1), rows_before + row)))
+                continue
+            self.read += 1
+            reason = self._columnar_reject(ids[row], int(lens[row]))
+            if reason is None:
+                self.seen_ids.add(ids[row])
+                keep.append(row)
+            else:
+                self._reject(token_row_record(path, batch, row, rows_before), reason)
+        rows = np.array(keep, dtype=np.int64)
+        self._flush_requests(request_table(batch, rows, str(path), rows_before, self.limits) if keep else None)
+
+    def _columnar_reject(self, request_id: str, length: int) -> str | None:
+        # the checks _admit() and _flush_requests() make of a token-id request
+        if request_id in self.seen_ids:
+            return _duplicate(request_id)
+        if length >= self.limits.max_model_len:
+            return _too_long(length, self.limits.max_model_len)
+        return None
 
     def close(self) -> None:
         self._flush_requests()
@@ -102,29 +155,31 @@ class _Sink:
         if len(self.reject_rows) >= CHUNK_ROWS:
             self._flush_rejects()
 
-    def _reject_duplicate(self, record: RawRecord, request: Normalized) -> None:
-        self._reject(record, f"duplicate custom_id {request.request_id!r}: an earlier row has it (kept the first)")
-
     def _flush_rejects(self) -> None:
         if self.reject_rows:
             self.rejects.write_table(pa.Table.from_pylist(self.reject_rows, schema=REJECT_SCHEMA))
             self.reject_rows = []
 
-    def _flush_requests(self) -> None:
+    def _flush_requests(self, columns: pa.Table | None = None) -> None:
+        """Tokenize and write the pending rows; ``columns``: rows of the same Parquet batch made by
+        ``request_table``, merged in by source row."""
         token_ids = self._tokenize([request for _, request in self.pending])
         rows = []
         for (record, request), ids in zip(self.pending, token_ids):
             if len(ids) >= self.limits.max_model_len:  # a later valid row may reuse the id
-                self._reject(record, f"prompt has {len(ids)} tokens; the model's context is {self.limits.max_model_len}")
+                self._reject(record, _too_long(len(ids), self.limits.max_model_len))
                 continue
             if request.request_id in self.seen_ids:
-                self._reject_duplicate(record, request)
+                self._reject(record, _duplicate(request.request_id))
                 continue
             self.seen_ids.add(request.request_id)
             rows.append(_request_row(record, request, ids, self.limits.max_model_len))
-        if rows:
-            self.requests.write_table(pa.Table.from_pylist(rows, schema=REQUEST_SCHEMA))
-            self.accepted += len(rows)
+        table = pa.Table.from_pylist(rows, schema=REQUEST_SCHEMA)
+        if columns is not None and columns.num_rows:
+            table = pa.concat_tables([table, columns]).sort_by("source_row") if rows else columns
+        if table.num_rows:
+            self.requests.write_table(table)
+            self.accepted += table.num_rows
         self.pending = []
 
     def _tokenize(self, requests: list[Normalized]) -> list[list[int]]:
@@ -134,6 +189,14 @@ class _Sink:
         text_ids = iter(self.tokenizer.encode_texts(texts))
         by_endpoint = {"chat": chat_ids, "completion": text_ids}
         return [r.prompt_token_ids if r.endpoint == "tokens" else next(by_endpoint[r.endpoint]) for r in requests]
+
+
+def _duplicate(request_id: str) -> str:
+    return f"duplicate custom_id {request_id!r}: an earlier row has it (kept the first)"
+
+
+def _too_long(tokens: int, max_model_len: int) -> str:
+    return f"prompt has {tokens} tokens; the model's context is {max_model_len}"
 
 
 def _request_row(record: RawRecord, request: Normalized, ids: list[int], max_model_len: int) -> dict:

@@ -10,11 +10,14 @@ import csv
 import json
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from blendserve import storage
 from blendserve.config import ConfigError
 from blendserve.storage import StoragePath
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 RAW_LIMIT = 2000  # characters of the raw record kept for a reject
 MAX_CSV_FIELD = 1 << 26  # characters in one CSV cell (the csv module's own limit, 131,072, is below a long prompt)
@@ -224,7 +227,19 @@ def _parse(value: str, parse, column: str):
 
 
 def _read_parquet(path: StoragePath) -> Iterator[RawRecord]:
-    """Rows in batches; a file (or the rest of one) that Arrow cannot read becomes one reject naming why."""
+    number = 0
+    for batch in parquet_batches(path):
+        if isinstance(batch, RawRecord):
+            yield batch
+            return
+        yield from parquet_records(path, batch, number)
+        number += batch.num_rows
+
+
+def parquet_batches(path: StoragePath) -> Iterator["pa.RecordBatch | RawRecord"]:
+    """The file's record batches; a file (or the rest of one) that Arrow cannot read ends them with one
+    unparsed RawRecord naming why. Only the reading is guarded: what a caller does with a batch
+    raises in the caller."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -232,10 +247,15 @@ def _read_parquet(path: StoragePath) -> Iterator[RawRecord]:
     with path.open("rb") as f:
         try:
             for batch in pq.ParquetFile(f).iter_batches(batch_size=4096):
-                for row in batch.to_pylist():
-                    number += 1
-                    data = {k: v for k, v in row.items() if v is not None}
-                    yield RawRecord(str(path), number, _truncate(json.dumps(data, default=str, ensure_ascii=False)), data)
+                yield batch
+                number += batch.num_rows
         except (pa.ArrowException, OSError, ValueError) as err:
             where = "the file" if number == 0 else f"the rows after row {number}"
             yield RawRecord(str(path), number + 1, "", None, f"Parquet: {where} cannot be read ({err})")
+
+
+def parquet_records(path: StoragePath, batch: "pa.RecordBatch", rows_before: int) -> Iterator[RawRecord]:
+    """The batch's rows as records; ``rows_before``: rows of the file before this batch."""
+    for number, row in enumerate(batch.to_pylist(), start=rows_before + 1):
+        data = {k: v for k, v in row.items() if v is not None}
+        yield RawRecord(str(path), number, _truncate(json.dumps(data, default=str, ensure_ascii=False)), data)

@@ -48,7 +48,8 @@ def _packed_words(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, chun
     return np.bitwise_or.reduce(block << shifts, axis=2)
 
 
-def _refine_round(state: dict, tokens: np.ndarray, offsets: np.ndarray, lens: np.ndarray, j: int, chunk: int) -> None:
+def _refine_round(state: dict, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, lens: np.ndarray, j: int,
+                  chunk: int) -> None:
     """Split every active group by its members' ``j``-th chunk.
 
     A hash of the chunk finds the groups whose members all agree (the common
@@ -58,7 +59,7 @@ def _refine_round(state: dict, tokens: np.ndarray, offsets: np.ndarray, lens: np
     """
     active, order, group = state["active"], state["order"], state["group"]
     req = order[active]
-    key = _chunk_hash(tokens, offsets[req] + j * chunk, offsets[req + 1], chunk)
+    key = _chunk_hash(tokens, starts[req] + j * chunk, ends[req], chunk)
     key[lens[req] <= j * chunk] = 0
     g = group[active]
     head = np.ones(len(active), dtype=bool)
@@ -69,16 +70,17 @@ def _refine_round(state: dict, tokens: np.ndarray, offsets: np.ndarray, lens: np
     in_split = splitting[group_index]
     still = active[~in_split & (key != 0)]
     if in_split.any():
-        still = np.sort(np.concatenate([still, _split_groups(state, tokens, offsets, active[in_split], j, chunk)]))
+        still = np.sort(np.concatenate([still, _split_groups(state, tokens, starts, ends, active[in_split], j, chunk)]))
     state["active"] = still
 
 
-def _split_groups(state: dict, tokens: np.ndarray, offsets: np.ndarray, positions: np.ndarray, j: int, chunk: int) -> np.ndarray:
+def _split_groups(state: dict, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: np.ndarray, j: int,
+                  chunk: int) -> np.ndarray:
     """Sort the groups at ``positions`` by exact chunk ``j``, record where neighbours parted; return still-active positions."""
     order, group = state["order"], state["group"]
     req = order[positions]
     g = group[positions]
-    words = _packed_words(tokens, offsets[req] + j * chunk, offsets[req + 1], chunk, state["bits"])
+    words = _packed_words(tokens, starts[req] + j * chunk, ends[req], chunk, state["bits"])
     perm = np.lexsort(tuple(words[:, w] for w in range(words.shape[1] - 1, -1, -1)) + (g,))
     order[positions] = req[perm]  # groups are contiguous position ranges: this only permutes within them
     words = words[perm]
@@ -96,7 +98,8 @@ def _split_groups(state: dict, tokens: np.ndarray, offsets: np.ndarray, position
 
 
 def sort_prompts(
-    tokens: np.ndarray, offsets: np.ndarray, tiebreak: np.ndarray | None = None, chunk: int = 16
+    tokens: np.ndarray, offsets: np.ndarray, tiebreak: np.ndarray | None = None, chunk: int = 16,
+    starts: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Order of prompts grouped by shared prefix, and LCP with the previous prompt in that order.
 
@@ -108,6 +111,8 @@ def sort_prompts(
 
     Returns ``order`` (n,) and ``lcp`` (n,), ``lcp[i]`` = common prefix of
     prompts ``order[i - 1]`` and ``order[i]`` (``lcp[0] = 0``).
+    ``offsets`` give the lengths; prompt i starts at ``starts[i]`` when given
+    (a batch sharing its tokens, ``RequestBatch.take``), else at ``offsets[i]``.
     """
     if chunk < 2 or chunk % 2:
         raise ValueError(f"chunk must be even and at least 2, got {chunk}")
@@ -115,6 +120,8 @@ def sort_prompts(
         raise ValueError("token ids must be non-negative")
     n = len(offsets) - 1
     lens = np.diff(offsets).astype(np.int64)
+    starts = offsets[:-1].astype(np.int64) if starts is None else np.asarray(starts, dtype=np.int64)
+    ends = starts + lens
     state = {
         "order": np.arange(n, dtype=np.int64),
         "group": np.zeros(n, dtype=np.int64),
@@ -124,17 +131,18 @@ def sort_prompts(
     }
     j = 0
     while len(state["active"]):
-        _refine_round(state, tokens, offsets, lens, j, chunk)
+        _refine_round(state, tokens, starts, ends, lens, j, chunk)
         j += 1
     order, group = state["order"], state["group"]
     if tiebreak is not None and n:
         order = order[np.lexsort((np.asarray(tiebreak)[order], group))]
-    lcp = _exact_lcp(tokens, offsets, lens, order, state["split_round"], chunk)
+    lcp = _exact_lcp(tokens, starts, ends, lens, order, state["split_round"], chunk)
     return order, lcp
 
 
 def _exact_lcp(
-    tokens: np.ndarray, offsets: np.ndarray, lens: np.ndarray, order: np.ndarray, split_round: np.ndarray, chunk: int
+    tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, lens: np.ndarray, order: np.ndarray,
+    split_round: np.ndarray, chunk: int,
 ) -> np.ndarray:
     """LCP of neighbours: whole chunks before the round they parted, then token by token inside it."""
     n = len(order)
@@ -151,8 +159,8 @@ def _exact_lcp(
     equal = np.ones(len(parted), dtype=bool)
     last = max(len(tokens) - 1, 0)
     for k in range(chunk):
-        pa, pb = offsets[a] + base + k, offsets[b] + base + k
-        both = (pa < offsets[a + 1]) & (pb < offsets[b + 1])
+        pa, pb = starts[a] + base + k, starts[b] + base + k
+        both = (pa < ends[a]) & (pb < ends[b])
         match = both & (tokens[np.minimum(pa, last)] == tokens[np.minimum(pb, last)])
         equal &= match
         extra += equal

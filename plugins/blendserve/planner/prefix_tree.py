@@ -86,7 +86,8 @@ def build_prefix_tree(
     """The prefix tree of ``batch``; requests with equal tokens and equal sampling key share one leaf."""
     estimates = checked_estimates(batch, output_estimates)
     keys = np.zeros(len(batch), dtype=np.int64) if sampling_keys is None else np.asarray(sampling_keys)
-    order, lcp = sort_prompts(batch.tokens, batch.token_offsets, tiebreak=keys, chunk=chunk)
+    order, lcp = sort_prompts(batch.tokens, batch.token_offsets, tiebreak=keys, chunk=chunk,
+                              starts=batch.token_starts)
     lens = batch.prompt_lens
     first, request_leaf = _dedupe(order, lcp, lens, keys)
     leaf_request = order[first]

@@ -29,6 +29,7 @@ SECTIONS = (
     "Validation",
 )
 TOP_SUBTREES = 12  # subtrees shown in the per-subtree error figure and table
+TOP_REASONS = 25  # reject and error reasons listed, most requests first
 
 
 def report_dir(db: str | Path, run_id: str) -> Path:
@@ -139,9 +140,11 @@ def subtree_errors(lengths: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=["subtree", "requests", "estimate", "actual", "mape", "bias"])
     rel = (frame["estimate"] - frame["actual"]) / frame["actual"].clip(lower=1)
-    grouped = frame.assign(abs_rel=rel.abs(), rel=rel).groupby("subtree")
-    table = grouped.agg(requests=("request_id", "count"), estimate=("estimate", "mean"),
-                        actual=("actual", "mean"), mape=("abs_rel", "mean"), bias=("rel", "mean")).reset_index()
+    n = frame["requests"]
+    weighted = frame.assign(estimate=frame["estimate"] * n, actual=frame["actual"] * n, mape=rel.abs() * n, bias=rel * n)
+    table = weighted.groupby("subtree")[["requests", "estimate", "actual", "mape", "bias"]].sum().reset_index()
+    for column in ("estimate", "actual", "mape", "bias"):  # sums of request-weighted values: means per request
+        table[column] /= table["requests"]
     return table.sort_values("requests", ascending=False).head(TOP_SUBTREES).round(3)
 
 
@@ -149,9 +152,11 @@ def _lengths(data: RunData, out: Path) -> list[str]:
     lengths = data.lengths
     if lengths.empty:
         return ["No answered request has a planned estimate (empty plan or every request failed)."]
+    n = lengths["requests"]
     rel = (lengths["estimate"] - lengths["actual"]).abs() / lengths["actual"].clip(lower=1)
-    lines = [f"{len(lengths):,} requests: mean absolute error {rel.mean():.1%} of the actual length,"
-             f" mean estimate {lengths['estimate'].mean():.1f} tokens against {lengths['actual'].mean():.1f} actual."]
+    lines = [f"{n.sum():,} requests: mean absolute error {(rel * n).sum() / n.sum():.1%} of the actual length,"
+             f" mean estimate {(lengths['estimate'] * n).sum() / n.sum():.1f} tokens against"
+             f" {(lengths['actual'] * n).sum() / n.sum():.1f} actual."]
     lines += [""] + _image(plots.length_scatter(lengths, out / "lengths.png"), "estimate against actual")
     if not data.has_samples:
         return lines + ["", "No warm-up sample for this run (the samples table is empty): estimates are the"
@@ -197,7 +202,11 @@ def _utilization(data: RunData, out: Path) -> list[str]:
 def _reasons(data: RunData) -> list[str]:
     if data.reasons.empty:
         return ["No request was rejected at ingest and none failed in the engine."]
-    return _table(data.reasons)
+    shown, rest = data.reasons.head(TOP_REASONS), data.reasons.iloc[TOP_REASONS:]
+    # a reason may name a count (a prompt's length): a million requests can bring thousands of them
+    more = [] if rest.empty else ["", f"... and {len(rest):,} more reasons ({int(rest['requests'].sum()):,} requests):"
+                                      " the `rejects` table and the `outputs` errors hold them all."]
+    return _table(shown) + more
 
 
 def _validation(data: RunData) -> list[str]:

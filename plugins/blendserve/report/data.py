@@ -19,7 +19,9 @@ class RunData:
     metrics: dict[str, float]  # metrics table: wall_seconds, tokens_per_second, prefix_hit_rate, predicted_*, ...
     totals: dict  # outputs: requests, errors, prompt, cached and output tokens
     shards: pd.DataFrame  # per shard (-1 = the warm-up task of runs before 2026-11-29): requests, tokens, cached tokens, seconds
-    lengths: pd.DataFrame  # per answered request: estimate the plan used, actual, estimate source and subtree
+    # answered requests per (estimate the plan used, actual, estimate source, subtree): DuckDB aggregates, so a
+    # million requests come back as the few thousand distinct rows a figure and a table need
+    lengths: pd.DataFrame
     timeline: pd.DataFrame  # engine_timeline rows of the run (None values stay NaN)
     reasons: pd.DataFrame  # rejects and engine errors: stage, reason, requests
     validation: pd.DataFrame  # validation_results rows
@@ -82,15 +84,17 @@ def _shards(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
 
 
 def _lengths(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
-    """Estimate against actual for requests the plan estimated and the engine answered (ok)."""
+    """Estimate against actual for requests the plan estimated and the engine answered (ok), counted."""
     return con.execute(
         # each shard samples its own prefix tree, so a node number names a subtree within its shard
-        """SELECT p.request_id, p.shard, p.est_output_tokens AS estimate, o.num_output_tokens AS actual,
+        """SELECT p.est_output_tokens AS estimate, o.num_output_tokens AS actual,
                   coalesce(s.kind, 'default') AS kind,
-                  CASE WHEN s.source_node >= 0 THEN format('shard {} node {}', p.shard, s.source_node) END AS subtree
+                  CASE WHEN s.source_node >= 0 THEN format('shard {} node {}', p.shard, s.source_node) END AS subtree,
+                  count(*) AS requests
            FROM plan p JOIN outputs o USING (run_id, request_id)
            LEFT JOIN samples s ON s.run_id = p.run_id AND s.request_id = p.answered_by
-           WHERE p.run_id = ? AND o.status = 'ok'""", [run_id]).df()
+           WHERE p.run_id = ? AND o.status = 'ok'
+           GROUP BY ALL ORDER BY ALL""", [run_id]).df()
 
 
 def _reasons(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:

@@ -3,11 +3,15 @@
 Every policy is simulated on the chosen hardware (``sim.compare``) with the
 lengths the simulator treats as true; the plan itself gives the root density,
 the prefix sharing kept against the depth-first order, and the shard balance.
+A run of more than ``EXPLAIN_ROWS`` requests simulates the policies on a seeded
+uniform sample of that many (every policy is a whole simulation: at 200k
+requests they took longer than the run), its times scaled by the whole job's
+``T_opt`` over the sample's; the explanation says so.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -18,6 +22,8 @@ if TYPE_CHECKING:
     from blendserve.costmodel import CostModel
     from blendserve.planner.plan import Plan
     from blendserve.sim import SimConfig
+
+EXPLAIN_ROWS = 20_000  # requests the policies are simulated on, at most (a seeded uniform sample above it)
 
 
 @dataclass
@@ -46,6 +52,7 @@ class Explanation:
     shard_seconds: list[float]  # the plan's estimated time per shard
     shard_imbalance: float  # largest shard / mean shard
     policies: list[PolicyPrediction] = field(default_factory=list)  # one row per simulated policy
+    simulated_requests: int = 0  # requests the policies ran on: ``requests``, or a sample's size (times scaled)
 
 
 def explain(batch: "RequestBatch", plan: "Plan", cost: "CostModel", sim: "SimConfig",
@@ -67,7 +74,7 @@ def explain(batch: "RequestBatch", plan: "Plan", cost: "CostModel", sim: "SimCon
         sharing_kept=float(sharing),
         shared_prompt_share=plan.sharing_tokens / report["input_tokens"] if report["input_tokens"] else 0.0,
         shard_seconds=[float(t) for t in plan.shards.time],
-        shard_imbalance=float(plan.shards.imbalance), policies=rows,
+        shard_imbalance=float(plan.shards.imbalance), policies=rows, simulated_requests=len(batch),
     )
 
 
@@ -84,6 +91,8 @@ def format_explanation(e: Explanation, chosen: str = "blendserve") -> str:
         f"  shard balance    estimated seconds [{', '.join(_num(t) for t in e.shard_seconds)}],"
         f" largest / mean {e.shard_imbalance:.3f}",
         f"  optimum          {_num(e.t_opt_s)} s on one engine (T_opt, a lower bound)",
+        *([f"  policies         simulated on a uniform sample of {e.simulated_requests:,} requests;"
+           " times scaled by T_opt of the job over the sample's"] if e.simulated_requests < e.requests else []),
         f"  {'policy':<20}{'wall s':>10}{'GPU-hours':>11}{'tokens/s':>13}{'of optimum':>12}{'prefix hits':>12}",
     ]
     for row in e.policies:
@@ -132,6 +141,7 @@ def prediction_metrics(e: Explanation, policy: str) -> dict[str, float]:
         "predicted_sharing_kept": e.sharing_kept,
         "predicted_shared_prompt_share": e.shared_prompt_share,
         "predicted_shard_imbalance": e.shard_imbalance,
+        "predicted_simulated_requests": e.simulated_requests,
     }
     # every policy's time too, so the report can show the order of policies without re-simulating
     for r in e.policies:
@@ -151,11 +161,34 @@ def explain_run(config: "RunConfig") -> Explanation:
     from blendserve.planner.plan import build_plan
     from blendserve.planning import load_inputs
 
+    import numpy as np
+
     inputs = load_inputs(config)
-    estimates = _stored_estimates(config, inputs.batch)
-    plan = build_plan(inputs.batch, inputs.cost, output_estimates=estimates,
+    batch, estimates = inputs.batch, _stored_estimates(config, inputs.batch)
+    plan = build_plan(batch, inputs.cost, output_estimates=estimates,
                       sampling_keys=inputs.keys, shards=config.shards, keep_sharing=config.keep_sharing)
-    return explain(inputs.batch, plan, inputs.cost, sim_config_for(config, inputs.kv_capacity), estimates=estimates)
+    sim = sim_config_for(config, inputs.kv_capacity)
+    if len(batch) <= EXPLAIN_ROWS:
+        return explain(batch, plan, inputs.cost, sim, estimates=estimates)
+    rows = np.sort(np.random.default_rng(0).choice(len(batch), EXPLAIN_ROWS, replace=False))
+    sampled = explain(batch.take(rows), plan, inputs.cost, sim, estimates=None if estimates is None else estimates[rows])
+    return _scaled(sampled, batch, inputs.cost, sim)
+
+
+def _scaled(sampled: Explanation, batch: "RequestBatch", cost: "CostModel", sim: "SimConfig") -> Explanation:
+    """A sample's explanation for the whole ``batch``: its T_opt and tokens, each policy's time scaled alike."""
+    from blendserve.costmodel import batch_t_opt
+    from blendserve.sim.compare import true_outputs
+
+    outputs = true_outputs(batch)
+    t_opt = batch_t_opt(cost, batch, outputs, sim.overlap, sim.kv_capacity_tokens).time
+    scale = t_opt / sampled.t_opt_s if sampled.t_opt_s else 1.0
+    prompt = int(batch.prompt_lens.sum())
+    tokens = prompt + int(outputs.sum())
+    policies = [replace(p, seconds=p.seconds * scale, tokens_per_second=tokens / (p.seconds * scale) if p.seconds else 0.0)
+                for p in sampled.policies]
+    return replace(sampled, requests=len(batch), input_tokens=prompt, output_tokens=int(outputs.sum()), t_opt_s=t_opt,
+                   policies=policies, shared_prompt_share=sampled.shared_prompt_share * sampled.input_tokens / prompt)
 
 
 def explain_plan(config: "RunConfig") -> str:

@@ -77,17 +77,18 @@ def prefix_hits(shards: pd.DataFrame, predicted: float | None, path: Path) -> Pa
 
 
 def length_scatter(lengths: pd.DataFrame, path: Path) -> Path | None:
-    """Estimated against actual output length, one dot per request, coloured by where the estimate came from."""
+    """Estimated against actual output length, one dot per distinct pair (its area grows with its requests),
+    coloured by where the estimate came from."""
     if lengths.empty:
         return None
     fig, axes = _figure(height=4.5)
     ax = axes[0][0]
     rng = np.random.default_rng(0)
     for kind, group in lengths.groupby("kind"):
-        # a little jitter: many requests share one estimate and one length (1-token answers)
+        # a little jitter: pairs of other subtrees may share one estimate and one length (1-token answers)
         jitter = rng.uniform(-0.04, 0.04, size=(2, len(group)))
-        ax.scatter(group["estimate"] * (1 + jitter[0]), group["actual"] * (1 + jitter[1]), s=14, alpha=0.7,
-                   label=f"{kind} ({len(group)})")
+        ax.scatter(group["estimate"] * (1 + jitter[0]), group["actual"] * (1 + jitter[1]),
+                   s=14 * np.sqrt(group["requests"]), alpha=0.7, label=f"{kind} ({int(group['requests'].sum())})")
     top = float(max(lengths["estimate"].max(), lengths["actual"].max(), 2))
     ax.plot([1, top], [1, top], color="grey", linewidth=1, label="estimate = actual")
     ax.set_xscale("log")

@@ -40,7 +40,11 @@ def _comparable(data: RunData) -> bool:
 
 
 def _stored(data: RunData) -> Prediction:
-    prediction = Prediction("stored at plan time (metrics predicted_*)", _hardware(data), _comparable(data))
+    source = "stored at plan time (metrics predicted_*)"
+    sample = data.metrics.get("predicted_simulated_requests")
+    if sample and sample < data.totals["requests"]:
+        source += f"; policies simulated on a uniform sample of {sample:,.0f} requests, times scaled by T_opt"
+    prediction = Prediction(source, _hardware(data), _comparable(data))
     for name, value in data.metrics.items():
         for prefix, target in (("predicted_seconds_", prediction.seconds),
                                ("predicted_tokens_per_second_", prediction.tokens_per_second),
