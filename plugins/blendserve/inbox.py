@@ -22,8 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from blendserve import storage
-
-SUFFIXES = (".jsonl", ".csv", ".parquet")  # what ingest reads
+from blendserve.ingest.readers import READERS
 LEDGER = ".blendserve"
 
 
@@ -66,7 +65,7 @@ def _settled_files(inbox: Path, settle_seconds: float) -> list[Path]:
     Hidden names and other suffixes (``.tmp``, ``.part``) are left alone: write elsewhere, then rename."""
     now = time.time()
     return sorted(p for p in inbox.iterdir()
-                  if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in SUFFIXES
+                  if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in READERS
                   and now - p.stat().st_mtime >= settle_seconds)
 
 

@@ -55,13 +55,9 @@ def read_records(path: StoragePath) -> Iterator[RawRecord]:
 
 def _reader(path: StoragePath):  # type: ignore[no-untyped-def]
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        return _read_jsonl
-    if suffix == ".csv":
-        return _read_csv
-    if suffix == ".parquet":
-        return _read_parquet
-    raise ConfigError(f"{path}: unsupported input format {suffix!r} (use .jsonl, .csv or .parquet)")
+    if suffix not in READERS:
+        raise ConfigError(f"{path}: unsupported input format {suffix!r} (use .jsonl, .csv or .parquet)")
+    return READERS[suffix]
 
 
 def _truncate(text: str) -> str:
@@ -259,3 +255,8 @@ def parquet_records(path: StoragePath, batch: "pa.RecordBatch", rows_before: int
     for number, row in enumerate(batch.to_pylist(), start=rows_before + 1):
         data = {k: v for k, v in row.items() if v is not None}
         yield RawRecord(str(path), number, _truncate(json.dumps(data, default=str, ensure_ascii=False)), data)
+
+
+# file suffix -> its reader; the inbox offers exactly these files to ingest
+READERS = {".jsonl": _read_jsonl, ".json": _read_jsonl, ".ndjson": _read_jsonl, ".csv": _read_csv,
+           ".parquet": _read_parquet}
