@@ -83,10 +83,10 @@ class RequestBatch:
 
     @classmethod
     def from_parquet(cls, path: str | Path) -> "RequestBatch":
-        if "num_prompt_tokens" in pq.read_schema(path).names:
+        present = set(pq.read_schema(path).names)
+        if "num_prompt_tokens" in present:
             return read_batch(ds.dataset(str(path), format="parquet"))[0]
         columns = ["request_id", "prompt_token_ids", "max_tokens", "expected_output_tokens", "sim_output_tokens"]
-        present = set(pq.read_schema(path).names)
         return cls.from_table(pq.read_table(path, columns=[c for c in columns if c in present]))
 
 
