@@ -44,9 +44,8 @@ import sys
 
 import numpy as np
 
-import blendserve.planner  # noqa: F401  (registers dfs and blendserve)
 from bench_warmup import environment, requests as rewrite_requests, spread
-from blendserve.admission import AdmissionController
+from blendserve.scheduling.admission import AdmissionController
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware, get_model
@@ -54,7 +53,7 @@ from blendserve.engines import close_all, engine_session
 from blendserve.engines.base import EngineStats
 from blendserve.engines.common import requests_from_batch
 from blendserve.model_prep import load_tokenizer
-from blendserve.policies import PolicyContext, make_controller
+from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.workload_sources import data_root, video_lengths
 
 VIDEO_FILE = "vbench_t2v_prompts/prompts__all_dimension.txt"

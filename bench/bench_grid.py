@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-import blendserve.planner  # noqa: F401  (registers dfs and blendserve)
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.sim import SimConfig

@@ -60,24 +60,24 @@ def workload(mix: str, n: int) -> Path:
 
 
 def one(mix: str, n: int) -> dict:
-    from blendserve import pipeline
+    from blendserve.pipeline import steps
     from blendserve.config import RunConfig
 
     path = workload(mix, n)
-    steps = [("ingest", pipeline.ingest_step), ("validate input", pipeline.validate_input_step),
-             ("plan", pipeline.plan_step), ("infer", lambda c: pipeline.infer_shard(c, 0)),
-             ("load", pipeline.load_step), ("explain", pipeline.explain_step),
-             ("validate outputs", pipeline.validate_outputs_step), ("report", pipeline.report_step)]
+    timed = [("ingest", steps.ingest_step), ("validate input", steps.validate_input_step),
+             ("plan", steps.plan_step), ("infer", lambda c: steps.infer_shard(c, 0)),
+             ("load", steps.load_step), ("explain", steps.explain_step),
+             ("validate outputs", steps.validate_outputs_step), ("report", steps.report_step)]
     load_before = os.getloadavg()[0]
     sampler, figures = PeakSampler(), {}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as folder:
         config = RunConfig(run_id=f"bench-{n}", input=str(path), db=f"{folder}/out.duckdb", engine="simulator")
         sampler.lap()
-        for name, step in steps:  # run_pipeline's steps, in its order
+        for name, step in timed:  # run_pipeline's steps, in its order
             started = time.perf_counter()
             step(config)
             figures[name] = {"wall_s": time.perf_counter() - started, "peak_gb": sampler.lap()}
-        summary = pipeline.summary(config)
+        summary = steps.summary(config)
     metrics = {k: summary[k] for k in ("rejected", "input_tokens", "output_tokens")}
     return {"requests": n, "answered": summary["requests"], **metrics, "token_gb": summary["input_tokens"] * 4 / 1e9,
             "steps": figures,
@@ -97,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 300_000, 1_000_000])
     parser.add_argument("--mix", default="d1.4-s35")
-    parser.add_argument("--out", action="store_true", help="write bench/results/pipeline.json")
+    parser.add_argument("--out", action="store_true", help="write bench/results/steps.json")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a size, in this process
     args = parser.parse_args()
     if args.one:

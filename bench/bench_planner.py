@@ -25,9 +25,10 @@ TARGET_SECONDS, TARGET_GB = 60.0, 4.0
 
 def one(n: int, shards: int) -> dict:
     from blendserve.costmodel import CostModel, get_hardware, get_model
-    from blendserve.planner import build_plan, default_output_estimates
-    from blendserve.planner.synthetic import synthetic_batch
-    from blendserve.policies import PolicyContext, make_controller
+    from blendserve.pipeline.plan import build_plan
+    from blendserve.planner.estimates import default_output_estimates
+    from synthetic import synthetic_batch
+    from blendserve.scheduling.registry import PolicyContext, make_controller
     from blendserve.sim import SimConfig, kv_capacity_tokens
 
     batch = synthetic_batch(n, mean_prompt=500)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 
-import blendserve.planner  # noqa: F401  (registers dfs, density, blendserve-nosplit, blendserve)
 from blendserve.sim import SimConfig
 from blendserve.sim.compare import compare_policies, true_outputs, warmup_estimates
 from blendserve.workload import MIXES

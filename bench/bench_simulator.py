@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from blendserve.admission import StaticOrder
+from blendserve.scheduling.admission import StaticOrder
 from blendserve.batch import RequestBatch
 from blendserve.sim import SimConfig, simulate
 from blendserve.sim.compare import true_outputs
@@ -28,7 +28,7 @@ from common import SETUPS, in_fresh_process, load_mix, peak_rss_gb, write_result
 
 def workload(name: str, n: int) -> RequestBatch:
     if name == "synthetic":
-        from blendserve.planner.synthetic import synthetic_batch
+        from synthetic import synthetic_batch
 
         return synthetic_batch(n, mean_prompt=500)
     return load_mix(name, n, SETUPS["8b"])[0]

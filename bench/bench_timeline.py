@@ -14,8 +14,7 @@ import argparse
 
 import numpy as np
 
-import blendserve.planner  # noqa: F401  (registers dfs and blendserve)
-from blendserve.policies import PolicyContext, make_controller
+from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.sim import SimConfig, simulate
 from blendserve.sim.compare import true_outputs, warmup_estimates
 from blendserve.sim.simulator import kv_capacity_tokens

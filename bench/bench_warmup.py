@@ -10,7 +10,7 @@ reset before every run:
 - ``single``: all requests in one run (no warm-up);
 - ``inline``: one run with ``sampling.WarmupController`` (samples first,
   random fillers while they run, then the plan, here FCFS, over the rest):
-  what every infer shard does (``planning.shard_plan``);
+  what every infer shard does (``pipeline.shard.plan_shard``);
 - ``phased``: the sample as its own run, then the rest (the pipeline before
   2026-11-29, when the warm-up was a task of its own).
 
@@ -33,7 +33,7 @@ from importlib.metadata import version
 
 import numpy as np
 
-from blendserve.admission import AdmissionController, StaticOrder
+from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware, get_model
@@ -41,8 +41,9 @@ from blendserve.engines import EngineRequest, close_all, engine_session
 from blendserve.ingest.tokenize import PromptTokenizer
 from blendserve.model_prep import ensure_model_dir
 from blendserve.planner.prefix_tree import build_prefix_tree
-from blendserve.policies import PolicyContext, make_controller
-from blendserve.sampling import estimate_outputs, select_samples, warmup_controller
+from blendserve.scheduling.registry import PolicyContext, make_controller
+from blendserve.sampling import estimate_outputs, select_samples
+from blendserve.scheduling.warmup import warmup_controller
 from blendserve.workload_sources import data_root
 from common import provenance
 
@@ -144,7 +145,6 @@ class Job:
 
 def planning_seconds(job: "Job", observed: np.ndarray) -> float:
     """CPU seconds of one shard's warm-up planning: tree, sample, estimates, the blendserve order of the rest."""
-    import blendserve.planner  # noqa: F401  (registers blendserve)
 
     started = time.perf_counter()
     tree = build_prefix_tree(job.batch, job.cost)

@@ -14,7 +14,8 @@ from airflow.sdk import Param, dag, task
 
 from blendserve.airflow_tasks import fail_fast
 from blendserve.assets import OUTPUTS
-from blendserve.choices import ENGINES, PUBLIC_POLICIES
+from blendserve import ENGINES
+from blendserve.scheduling.registry import PUBLIC_POLICIES
 
 DOC_MD = """
 ### blendserve_batch
@@ -101,7 +102,7 @@ def run_config(params: dict, run_id: str, try_number: int = 1):
     """The library's RunConfig for this DAG run (one run folder per Airflow run, named by its safe id).
     Paths outside the data roots raise ConfigError here, in the first task, with the reason."""
     from blendserve.config import RunConfig, safe_run_id
-    from blendserve.paths import resolve_in_roots
+    from blendserve.data_roots import resolve_in_roots
 
     safe_id = safe_run_id(run_id)
     runs_dir = (params["runs_dir"] or "").rstrip("/")
@@ -122,7 +123,7 @@ def mark_run_failed(context: dict) -> None:
     """A task that failed for good (retries spent, or fail_fast) marks the run failed in DuckDB:
     a run is never left ``running`` there. A config that cannot be built never started a run."""
     from blendserve.config import ConfigError
-    from blendserve.pipeline import mark_failed
+    from blendserve.pipeline.steps import mark_failed
 
     try:
         config = run_config(context["params"], context["run_id"])
@@ -146,21 +147,21 @@ def mark_run_failed(context: dict) -> None:
 def blendserve_batch():
     @task
     def ingest(params=None, run_id=None) -> dict:
-        from blendserve.pipeline import ingest_step
+        from blendserve.pipeline.steps import ingest_step
 
         with fail_fast():
             return ingest_step(run_config(params, run_id))
 
     @task
     def validate_input(ingested: dict, params=None, run_id=None) -> dict:
-        from blendserve.pipeline import validate_input_step
+        from blendserve.pipeline.steps import validate_input_step
 
         with fail_fast():
             return validate_input_step(run_config(params, run_id))
 
     @task
     def plan(validated: dict, params=None, run_id=None) -> list[int]:
-        from blendserve.pipeline import plan_step
+        from blendserve.pipeline.steps import plan_step
 
         with fail_fast():
             return plan_step(run_config(params, run_id))
@@ -169,7 +170,7 @@ def blendserve_batch():
     def infer(shard: int, params=None, run_id=None, ti=None) -> dict:
         from airflow.sdk import get_current_context
 
-        from blendserve.pipeline import infer_shard
+        from blendserve.pipeline.steps import infer_shard
 
         get_current_context()["shard_label"] = f"shard {shard}"  # names the mapped task in the UI
         with fail_fast():
@@ -177,21 +178,21 @@ def blendserve_batch():
 
     @task
     def load_outputs(shard_reports: list[dict], params=None, run_id=None) -> dict:
-        from blendserve.pipeline import load_step
+        from blendserve.pipeline.steps import load_step
 
         with fail_fast():
             return load_step(run_config(params, run_id))
 
     @task
     def validate_outputs(loaded: dict, params=None, run_id=None) -> dict:
-        from blendserve.pipeline import validate_outputs_step
+        from blendserve.pipeline.steps import validate_outputs_step
 
         with fail_fast():
             return validate_outputs_step(run_config(params, run_id))
 
     @task
     def report(validated: dict, params=None, run_id=None) -> str:
-        from blendserve.pipeline import explain_step, report_step
+        from blendserve.pipeline.steps import explain_step, report_step
 
         with fail_fast():
             config = run_config(params, run_id)
@@ -202,7 +203,7 @@ def blendserve_batch():
     # report's predictions) is over, so blendserve_export never meets this run's writer.
     @task(outlets=[OUTPUTS])
     def summary(report_path: str, params=None, run_id=None, outlet_events=None) -> dict:
-        from blendserve.pipeline import summary as run_summary
+        from blendserve.pipeline.steps import summary as run_summary
 
         with fail_fast():
             config = run_config(params, run_id)

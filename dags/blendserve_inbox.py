@@ -35,7 +35,7 @@ SETTLE_SECONDS = float(os.environ.get("BLENDSERVE_INBOX_SETTLE_S", "5"))  # a fi
 def inbox_folder():
     from pathlib import Path
 
-    from blendserve.paths import resolve_in_roots
+    from blendserve.data_roots import resolve_in_roots
 
     return Path(resolve_in_roots(INBOX, "inbox"))
 

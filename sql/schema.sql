@@ -82,11 +82,14 @@ CREATE TABLE IF NOT EXISTS plan (
     run_id             VARCHAR NOT NULL,
     request_id         VARCHAR NOT NULL,
     shard              INTEGER NOT NULL,   -- data-parallel shard (-1: the warm-up task of older runs)
-    position           INTEGER NOT NULL,   -- plan order inside the shard (a shard with a warm-up re-plans after it)
+    position           INTEGER,            -- admission order inside the shard: the plan's where it fixes one,
+                                           -- the order that ran once loaded (null before, where the shard orders)
     est_output_tokens  INTEGER NOT NULL,   -- the length assumed: the warm-up estimate once loaded, else max_tokens or known
     answered_by        VARCHAR NOT NULL,   -- the request whose inference answers it (itself if unique)
     PRIMARY KEY (run_id, request_id)
 );
+-- files made before positions could be null (a policy that orders inside its shards left them unset)
+ALTER TABLE plan ALTER COLUMN position DROP NOT NULL;
 
 CREATE TABLE IF NOT EXISTS samples (
     run_id                VARCHAR NOT NULL,

@@ -103,7 +103,7 @@ def test_paths_outside_the_data_roots_fail_the_first_task(airflow_db, roots, tmp
 
 def write_token_requests(path, n: int, seed: int = 0) -> None:
     """``n`` token-id requests in prefix families, half short answers and half long, with true lengths."""
-    from blendserve.planner.synthetic import synthetic_batch
+    from synthetic import synthetic_batch
 
     batch = synthetic_batch(n, mean_prompt=60, family_size=100, seed=seed)
     rng = np.random.default_rng(seed)
@@ -134,10 +134,10 @@ def test_dag_with_the_simulator_engine_runs_ten_thousand_requests_on_four_shards
 def test_dag_keeps_run_folders_in_object_storage(airflow_db, tmp_path, bucket, monkeypatch):
     from fsspec.implementations.memory import MemoryFileSystem
 
-    from blendserve import storage
+    from blendserve import files
 
     monkeypatch.setenv("BLENDSERVE_DATA_ROOTS", f"{tmp_path}{os.pathsep}{bucket}")
-    storage.atomic_write_bytes((FIXTURES / "mini.jsonl").read_bytes(), f"{bucket}/in/mini.jsonl")
+    files.atomic_write_bytes((FIXTURES / "mini.jsonl").read_bytes(), f"{bucket}/in/mini.jsonl")
     db = tmp_path / "shared.duckdb"
     run = batch_dag().test(run_conf={"input": f"{bucket}/in/*.jsonl", "db": str(db), "engine": "simulator",
                                      "shards": 2, "runs_dir": f"{bucket}/runs/"})

@@ -18,18 +18,19 @@ def dags():
     return DagBag(dag_folder=str(REPO / "dags")).dags
 
 
-def test_every_registered_policy_is_public_or_experimental():
-    import blendserve.planner  # noqa: F401  (registers the planner's policies)
-    from blendserve.choices import EXPERIMENTAL_POLICIES, PUBLIC_POLICIES
-    from blendserve.policies import POLICIES
+def test_every_registered_policy_builds_from_its_row_and_only_benchmark_ones_are_hidden():
+    from blendserve.scheduling.registry import POLICIES, PUBLIC_POLICIES, _factory
 
-    assert not set(PUBLIC_POLICIES) & set(EXPERIMENTAL_POLICIES)
-    assert set(POLICIES) == set(PUBLIC_POLICIES) | set(EXPERIMENTAL_POLICIES)
+    assert PUBLIC_POLICIES[0] == "blendserve" and len(set(PUBLIC_POLICIES)) == len(PUBLIC_POLICIES)
+    for name, policy in POLICIES.items():
+        assert callable(_factory(policy)), name  # the "module:function" row imports, no registration needed
+        assert policy.public or name.startswith("blendserve["), name  # hidden: single candidates for benchmarks
 
 
 def test_the_form_and_the_cli_offer_the_librarys_engines_and_policies():
-    from blendserve.choices import ENGINES, PUBLIC_POLICIES
+    from blendserve import ENGINES
     from blendserve.cli import build_parser
+    from blendserve.scheduling.registry import PUBLIC_POLICIES
 
     params = dags()["blendserve_batch"].params
     assert params.get_param("engine").schema["enum"] == list(ENGINES)
@@ -114,7 +115,7 @@ def test_a_run_id_from_airflow_is_kept_beside_its_safe_form(airflow_db, roots, t
     ([(0, 10), (2, 8)], 10),  # side by side: once
 ])
 def test_run_wall_is_the_union_of_shard_intervals(intervals, expected):
-    from blendserve.pipeline import run_wall_seconds
+    from blendserve.pipeline.steps import run_wall_seconds
 
     shards = [{"started_at": a, "finished_at": b, "wall_seconds": b - a} for a, b in intervals]
     assert run_wall_seconds(shards) == pytest.approx(expected)
@@ -123,7 +124,7 @@ def test_run_wall_is_the_union_of_shard_intervals(intervals, expected):
 
 @pytest.mark.engine
 def test_two_shards_run_one_after_another_report_the_wall_of_both(make_config):
-    from blendserve.pipeline import run_pipeline
+    from blendserve.pipeline.steps import run_pipeline
 
     config = make_config(shards=2, explain=False)
     result = run_pipeline(config)
@@ -135,7 +136,7 @@ def test_two_shards_run_one_after_another_report_the_wall_of_both(make_config):
 
 def test_a_task_that_fails_for_good_marks_the_run_failed(tmp_path, monkeypatch):
     monkeypatch.setenv("BLENDSERVE_DATA_ROOTS", f"{FIXTURES}{os.pathsep}{tmp_path}")
-    from blendserve import store
+    from blendserve.pipeline import database
 
     batch = dags()["blendserve_batch"]
     callback = batch.get_task("infer").on_failure_callback
@@ -143,8 +144,8 @@ def test_a_task_that_fails_for_good_marks_the_run_failed(tmp_path, monkeypatch):
     params = {**batch.params.dump(), "input": str(FIXTURES / "mini.jsonl"), "db": str(tmp_path / "f.duckdb")}
     airflow_run_id = "manual__2026-11-30T15:00:00+00:00"
     config = batch_module().run_config(params, airflow_run_id)
-    with store.connect(config.db) as con:
-        store.start_run(con, config.run_id, config.to_json())
+    with database.connect(config.db) as con:
+        database.start_run(con, config.run_id, config.to_json())
     callback({"params": params, "run_id": airflow_run_id})
     with duckdb.connect(config.db, read_only=True) as con:
         assert con.execute("SELECT run_id, status FROM runs").fetchall() == [(config.run_id, "failed")]

@@ -95,7 +95,7 @@ def _interpolate(value: str, variables: dict[str, str]) -> str:
 
 
 def test_data_roots_are_the_mounted_data_and_outputs_and_any_object_roots(compose: dict) -> None:
-    from blendserve.storage import parse_roots
+    from blendserve.files import parse_roots
 
     env = _env(compose["services"]["airflow-worker-gpu"])
     assert parse_roots(_interpolate(env["BLENDSERVE_DATA_ROOTS"], {})) == ["/opt/airflow/data", "/opt/airflow/out"]

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blendserve.admission import EngineState
-from blendserve.planner.dual_scan import (
+from blendserve.scheduling.admission import EngineState
+from blendserve.scheduling.dual_scan import (
     LEFT, RIGHT, DualScanController, ScanItems, item_work, memory_split, static_dual_scan_order,
 )
-from blendserve.planner.dual_scan_projected import ProjectedDualScan, projected_peak
+from blendserve.scheduling.dual_scan_projected import ProjectedDualScan, projected_peak
 
 STATE = EngineState(running=0, waiting=0, kv_used_tokens=0, kv_total_tokens=0)
 

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from blendserve.admission import StaticOrder
+from blendserve.scheduling.admission import StaticOrder
 from blendserve.engines import EngineRequest, engine_session
 
 pytestmark = pytest.mark.engine

@@ -5,14 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import blendserve.planner  # noqa: F401  (registers the planner's policies)
-from blendserve.admission import EngineState, StaticOrder
+from blendserve.scheduling.admission import EngineState, StaticOrder, planned_order
 from blendserve.batch import RequestBatch
 from blendserve.engines import EngineRequest, engine_session
-from blendserve.engines.common import TIMELINE_KEYS, planned_order, requests_from_batch
-from blendserve.planner.dual_scan import DualScanController
-from blendserve.planner.synthetic import synthetic_batch
-from blendserve.policies import PolicyContext, make_controller
+from blendserve.engines.common import TIMELINE_KEYS, estimated_output, requests_from_batch
+from blendserve.scheduling.dual_scan import DualScanController
+from synthetic import synthetic_batch
+from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.sim import SimConfig, kv_capacity_tokens
 
 CAPACITY = 24_000  # KV tokens: small enough that the shares, not the sequence limit, decide admission
@@ -119,16 +118,16 @@ def test_refused_requests_become_errors_and_the_rest_run(make_config):
 
 def test_planned_order_of_a_static_list_is_the_list_and_dual_scan_takes_both_ends():
     requests = [EngineRequest(f"r{i}", [1, 2, i + 3], max_tokens=4) for i in range(6)]
-    assert planned_order(StaticOrder([5, 0, 3, 1, 4, 2]), requests) == [5, 0, 3, 1, 4, 2]
+    assert planned_order(StaticOrder([5, 0, 3, 1, 4, 2]), [estimated_output(r) for r in requests]) == [5, 0, 3, 1, 4, 2]
     batch = exact_lengths(synthetic_batch(200, mean_prompt=200, family_size=20, memory_heavy_fraction=0.5, seed=3))
     from blendserve.costmodel import CostModel, get_hardware, get_model
 
     cost = CostModel(get_model("smollm2-135m"), get_hardware("a100-80g"))
     capacity = kv_capacity_tokens(cost, SimConfig(kv_capacity_tokens=8000))
-    controller = make_controller("blendserve", PolicyContext(batch, batch.expected_output_tokens.astype(np.int64),
-                                                             cost, capacity))
+    controller = make_controller("blendserve[dual-scan]", PolicyContext(
+        batch, batch.expected_output_tokens.astype(np.int64), cost, capacity))
     items = controller.items.requests
-    order = planned_order(controller, requests_from_batch(batch), capacity)
+    order = planned_order(controller, [estimated_output(r) for r in requests_from_batch(batch)], capacity)
     assert sorted(order) == list(range(len(batch)))
     first = set(order[:20])
     assert first & set(items[:20].tolist()) and first & set(items[-20:].tolist())  # from the left and the right

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blendserve.admission import StaticOrder
+from blendserve.scheduling.admission import StaticOrder
 from blendserve.engines import EngineRequest, engine_session
 from blendserve.engines.common import TIMELINE_KEYS
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import blendserve.planner  # noqa: F401  (registers the planner's policies)
-from blendserve.admission import EngineState, StaticOrder
+from blendserve.scheduling.admission import planned_order, EngineState, StaticOrder
 from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.engines import EngineRequest, engine_session
-from blendserve.engines.common import TIMELINE_KEYS, planned_order
-from blendserve.planner.synthetic import batch_from_prompts
-from blendserve.policies import PolicyContext, make_controller
+from blendserve.engines.common import TIMELINE_KEYS, estimated_output
+from synthetic import batch_from_prompts
+from blendserve.scheduling.registry import PolicyContext, make_controller
 
 pytestmark = pytest.mark.engine
 TOPICS = ["rivers", "volcanoes", "bread", "chess", "owls", "glaciers", "jazz", "bridges", "comets", "tea"]
@@ -95,7 +94,8 @@ def test_dual_scan_admission_on_vllm_answers_every_request_once_and_isolates_err
     results = []
     with engine_session(vllm_config(make_config, mode)) as engine:
         expected_order = planned_order(make_controller("blendserve", PolicyContext(
-            batch, np.full(len(batch), 16), cost, 4096)), requests, engine.kv_total_tokens)
+            batch, np.full(len(batch), 16), cost, 4096)), [estimated_output(r) for r in requests],
+            engine.kv_total_tokens)
         stats = engine.run(requests, controller, results.append)
     by_id = {r.request_id: r for r in results}
     assert len(results) == len(requests) == len(by_id)

@@ -24,12 +24,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from blendserve import storage, store
+from blendserve import files
+from blendserve.pipeline import database
 from blendserve.config import RunConfig
 from blendserve.ingest import ingest
 from blendserve.ingest.normalize import Limits
-from blendserve.paths import PathOutsideRoots, resolve_in_roots
-from blendserve.pipeline import run_pipeline
+from blendserve.data_roots import PathOutsideRoots, resolve_in_roots
+from blendserve.pipeline.steps import run_pipeline
 from conftest import run_cli, subprocess_env
 
 GOOD = json.dumps({"custom_id": "good", "prompt": "Name a colour.", "max_tokens": 4}) + "\n"
@@ -127,8 +128,8 @@ def check_ingest(case: Case, folder: Path, tokenizer) -> None:
     path = case.write(folder)
     limits = Limits(default_max_tokens=4, max_model_len=2048, vocab_size=tokenizer.vocab_size)
     report = ingest(str(path), folder / "requests.parquet", folder / "rejects.parquet", tokenizer, limits)
-    accepted = storage.read_parquet([folder / "requests.parquet"]).column("request_id").to_pylist()
-    rejects = storage.read_parquet([folder / "rejects.parquet"]).to_pylist()
+    accepted = files.read_parquet([folder / "requests.parquet"]).column("request_id").to_pylist()
+    rejects = files.read_parquet([folder / "rejects.parquet"]).to_pylist()
     assert sorted(accepted) == sorted(case.accepted)
     assert len(rejects) == len(case.reasons) and report.read == len(accepted) + len(rejects)
     for reject, words in zip(sorted(rejects, key=lambda r: r["source_row"]), case.reasons):
@@ -149,7 +150,7 @@ def test_the_whole_run_finishes_with_one_output_per_accepted_request(case: Case,
     config = make_config(input=str(case.write(tmp_path)), engine="simulator", explain=False, sample_rate=0)
     summary = run_pipeline(config)
     assert (summary["requests"], summary["rejected"]) == (len(case.accepted), len(case.reasons))
-    with store.connect(config.db, read_only=True) as con:
+    with database.connect(config.db, read_only=True) as con:
         status = con.execute("SELECT status FROM runs WHERE run_id = ?", [config.run_id]).fetchone()[0]
         answered = [r[0] for r in con.execute("SELECT request_id FROM outputs WHERE run_id = ?",
                                               [config.run_id]).fetchall()]
@@ -157,7 +158,7 @@ def test_the_whole_run_finishes_with_one_output_per_accepted_request(case: Case,
 
 
 def test_a_failing_step_marks_the_run_failed(tmp_path: Path, make_config, monkeypatch):
-    import blendserve.pipeline as pipeline
+    from blendserve.pipeline import steps
 
     (tmp_path / "in.jsonl").write_text(GOOD)
     config = make_config(input=str(tmp_path / "in.jsonl"), engine="simulator", explain=False, sample_rate=0)
@@ -165,10 +166,10 @@ def test_a_failing_step_marks_the_run_failed(tmp_path: Path, make_config, monkey
     def broken_plan(_config):
         raise RuntimeError("planner exploded")
 
-    monkeypatch.setattr(pipeline, "plan_step", broken_plan)
+    monkeypatch.setattr(steps, "plan_step", broken_plan)
     with pytest.raises(RuntimeError, match="planner exploded"):
         run_pipeline(config)
-    with store.connect(config.db, read_only=True) as con:
+    with database.connect(config.db, read_only=True) as con:
         assert con.execute("SELECT status FROM runs WHERE run_id = ?", [config.run_id]).fetchone()[0] == "failed"
 
 
@@ -222,7 +223,7 @@ def test_glob_characters_in_the_db_folder_read_only_this_run(tmp_path: Path, mak
         config = make_config(input=str(tmp_path / folder / "in.jsonl"), db=str(tmp_path / folder / "db.duckdb"),
                              engine="simulator", explain=False, sample_rate=0, run_id="same")
         run_pipeline(config)
-    with store.connect(config.db, read_only=True) as con:
+    with database.connect(config.db, read_only=True) as con:
         assert sorted(r[0] for r in con.execute("SELECT request_id FROM outputs").fetchall()) == ["b1"]
 
 
@@ -264,14 +265,14 @@ def test_a_second_writer_waits_then_names_the_holder(tmp_path: Path):
     try:
         assert holder.stdout.readline().strip() == "held"
         started = time.monotonic()
-        with pytest.raises(store.DatabaseLocked) as err:
-            store.connect(db, wait_s=1.5)
+        with pytest.raises(database.DatabaseLocked) as err:
+            database.connect(db, wait_s=1.5)
         assert time.monotonic() - started >= 1.5  # it waited
         assert f"PID {holder.pid}" in str(err.value) and "time.sleep(60)" in str(err.value)  # its command line
     finally:
         holder.kill()
         holder.wait()
-    store.connect(db, wait_s=0).close()  # the lock went with its holder
+    database.connect(db, wait_s=0).close()  # the lock went with its holder
 
 
 def test_a_writer_gets_the_file_once_the_holder_lets_go(tmp_path: Path):
@@ -279,7 +280,7 @@ def test_a_writer_gets_the_file_once_the_holder_lets_go(tmp_path: Path):
     holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(db)!r}); "
                                "print('held', flush=True); time.sleep(2)"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
-    with store.connect(db, wait_s=60) as con:  # the holder exits after 2 s
+    with database.connect(db, wait_s=60) as con:  # the holder exits after 2 s
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
     assert holder.wait() == 0
 
@@ -300,7 +301,7 @@ def test_two_cli_runs_at_once_on_one_db_get_their_own_ids_and_outputs(tmp_path: 
     assert [run.returncode for run in runs] == [0, 0], [err[-2000:] for _, err in results]
     summaries = [json.loads(out) for out, _ in results]
     assert summaries[0]["run_id"] != summaries[1]["run_id"]
-    with store.connect(tmp_path / "one.duckdb", read_only=True) as con:
+    with database.connect(tmp_path / "one.duckdb", read_only=True) as con:
         for summary, name in zip(summaries, ("a", "b")):
             ids = [r[0] for r in con.execute("SELECT request_id FROM outputs WHERE run_id = ? ORDER BY 1",
                                              [summary["run_id"]]).fetchall()]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from blendserve import storage
+from blendserve import files
 from blendserve.ingest import ingest
 from blendserve.ingest.normalize import Limits
 
@@ -61,7 +61,7 @@ def run_ingest(out: Path | str, tokenizer, pattern: str):
     """Ingest into ``out``, a local folder or an object-storage URL."""
     limits = Limits(default_max_tokens=16, max_model_len=2048, vocab_size=tokenizer.vocab_size)
     report = ingest(pattern, f"{out}/requests.parquet", f"{out}/rejects.parquet", tokenizer, limits)
-    return report, *(storage.read_parquet([f"{out}/{name}.parquet"]) for name in ("requests", "rejects"))
+    return report, *(files.read_parquet([f"{out}/{name}.parquet"]) for name in ("requests", "rejects"))
 
 
 @pytest.mark.parametrize("case,line,reason", BAD_LINES, ids=[c[0] for c in BAD_LINES])
@@ -98,9 +98,9 @@ def test_csv_and_parquet_inputs(tmp_path, tokenizer, bucket, where):
     import pyarrow as pa
 
     root = str(tmp_path) if where == "local" else bucket
-    storage.atomic_write_bytes(
+    files.atomic_write_bytes(
         b"custom_id,prompt,max_tokens,temperature\nc1,Hello there,5,0.5\nc2,,5,0\nc3,Hi,lots,0\n", f"{root}/in.csv")
-    storage.atomic_write_parquet(pa.table({"custom_id": ["p1"], "prompt": ["Name a colour."], "max_tokens": [3]}),
+    files.atomic_write_parquet(pa.table({"custom_id": ["p1"], "prompt": ["Name a colour."], "max_tokens": [3]}),
                                  f"{root}/in.parquet")
     report, accepted, rejects = run_ingest(root, tokenizer, f"{root}/in.*")
     assert (report.read, report.accepted, report.rejected) == (4, 2, 2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blendserve.paths import PathOutsideRoots, data_roots, resolve_in_roots
+from blendserve.data_roots import PathOutsideRoots, data_roots, resolve_in_roots
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from blendserve import parts
-from blendserve.pipeline import InjectedFault, infer_shard, ingest_step, load_step, plan_step, run_pipeline
+from blendserve.pipeline import parts
+from blendserve.pipeline.steps import InjectedFault, infer_shard, ingest_step, load_step, plan_step, run_pipeline
 
 pytestmark = pytest.mark.engine
 

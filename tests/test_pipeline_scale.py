@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"{DATA} (the shared d
 def scaled_run(tmp_path_factory: pytest.TempPathFactory, model_dir):
     from blendserve.config import RunConfig
     from blendserve.costmodel import CostModel, get_hardware, get_model
-    from blendserve.pipeline import run_pipeline
+    from blendserve.pipeline.steps import run_pipeline
 
     folder = tmp_path_factory.mktemp("scale")
     path = folder / "mix.parquet"

@@ -12,9 +12,10 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from upath import UPath
 
-from blendserve import parts, storage
+from blendserve import files
+from blendserve.pipeline import parts
 from blendserve.config import RunConfig
-from blendserve.pipeline import InjectedFault, infer_shard, ingest_step, load_step, plan_step, run_pipeline
+from blendserve.pipeline.steps import InjectedFault, infer_shard, ingest_step, load_step, plan_step, run_pipeline
 
 from conftest import FIXTURES
 
@@ -33,7 +34,7 @@ def stored(bucket: str) -> list[str]:
 
 
 def upload_input(bucket: str) -> str:
-    storage.atomic_write_bytes((FIXTURES / "mini.jsonl").read_bytes(), f"{bucket}/in/mini.jsonl")
+    files.atomic_write_bytes((FIXTURES / "mini.jsonl").read_bytes(), f"{bucket}/in/mini.jsonl")
     return f"{bucket}/in/*.jsonl"
 
 
@@ -52,7 +53,7 @@ def test_run_with_url_input_and_work_dir_lands_one_output_per_request(make_confi
     assert {o for o in objects if o.endswith("/estimates.parquet")} == {
         f"runs/r1/parts/shard-{k:05d}/estimates.parquet" for k in (0, 1)}  # each shard's warm-up
     committed = [o for o in objects if o.rsplit("/", 1)[1].startswith("part-")]
-    assert storage.read_parquet([f"{bucket}/{o}" for o in committed]).num_rows == MINI_REQUESTS
+    assert files.read_parquet([f"{bucket}/{o}" for o in committed]).num_rows == MINI_REQUESTS
     assert not (tmp_path / "runs").exists()  # nothing of the run folder went to local disk
     with duckdb.connect(config.db, read_only=True) as con:
         source = con.execute("SELECT DISTINCT source_file FROM requests").fetchall()
@@ -74,8 +75,8 @@ def test_retried_shard_with_url_work_dir_resumes_without_duplicates(make_config,
     load_step(config)
     ids = output_ids(config.db, config.run_id)
     assert len(ids) == len(set(ids)) == MINI_REQUESTS
-    every_part = storage.list_parts(config.parts_dir, f"*/{parts.PART_GLOB}")
-    assert storage.read_parquet(every_part).num_rows == MINI_REQUESTS  # no result committed twice
+    every_part = files.list_parts(config.parts_dir, f"*/{parts.PART_GLOB}")
+    assert files.read_parquet(every_part).num_rows == MINI_REQUESTS  # no result committed twice
 
 
 def test_work_dir_through_an_airflow_connection(make_config, bucket, airflow_memory_fs):
@@ -95,10 +96,10 @@ def test_local_default_stays_plain_files_beside_the_db(make_config, tmp_path):
     assert type(config.shard_dir(0)) is type(Path())
     run_pipeline(config)
     assert len(set(output_ids(config.db, config.run_id))) == MINI_REQUESTS
-    files = sorted(p.relative_to(config.run_dir).as_posix() for p in config.run_dir.rglob("*") if p.is_file())
+    written = sorted(p.relative_to(config.run_dir).as_posix() for p in config.run_dir.rglob("*") if p.is_file())
     assert {"requests.parquet", "rejects.parquet", "plan.parquet", "parts/shard-00000/part-00000.parquet",
-            "parts/shard-00000/stats.json"} <= set(files)
-    assert not [f for f in files if f.endswith(".tmp")]  # staged files were renamed, none left over
+            "parts/shard-00000/stats.json", "parts/shard-00000/admitted.parquet"} <= set(written)
+    assert not [f for f in written if f.endswith(".tmp")]  # staged files were renamed, none left over
     assert json.loads((config.shard_dir(0) / "stats.json").read_text())["served"] == MINI_REQUESTS
 
 

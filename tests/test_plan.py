@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from blendserve.costmodel import CostModel, get_hardware, get_model
-from blendserve.planner import build_plan, default_output_estimates, read_plan, write_plan
-from blendserve.planner.synthetic import synthetic_batch
-from blendserve.policies import POLICIES, PolicyContext, make_controller
+from blendserve.pipeline.plan import build_plan, read_plan, write_plan
+from blendserve.planner.estimates import default_output_estimates
+from synthetic import synthetic_batch
+from blendserve.scheduling.registry import POLICIES, PolicyContext, make_controller
 
 COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
 
@@ -36,8 +37,7 @@ def test_planner_never_reads_true_lengths() -> None:
 
 
 def test_every_policy_admits_every_request_once() -> None:
-    import blendserve.planner  # noqa: F401  (registers the planner's policies)
-    from blendserve.admission import EngineState
+    from blendserve.scheduling.admission import EngineState
 
     batch = synthetic_batch(600, mean_prompt=60, duplicate_fraction=0.05, seed=6)
     context = PolicyContext(batch, default_output_estimates(batch), COST, 20_000, seed=0)
@@ -59,7 +59,6 @@ def test_every_policy_admits_every_request_once() -> None:
 
 
 def test_blendserve_beats_dfs_and_fcfs_in_the_simulator() -> None:
-    import blendserve.planner  # noqa: F401
     from blendserve.sim import SimConfig, kv_capacity_tokens, simulate
 
     batch = synthetic_batch(3000, mean_prompt=300, memory_heavy_fraction=0.3, seed=8)

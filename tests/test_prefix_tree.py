@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.planner.lcp import RangeMin, sort_prompts
-from blendserve.planner.plan import build_plan, fan_out, read_plan, write_plan
+from blendserve.pipeline.plan import build_plan, read_plan, write_plan
 from blendserve.planner.prefix_tree import build_prefix_tree
-from blendserve.planner.synthetic import batch_from_prompts
+from synthetic import batch_from_prompts
 
 COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
 prompts_strategy = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=40)
@@ -83,19 +83,11 @@ def test_identical_requests_share_one_leaf_unless_sampling_differs() -> None:
     assert keyed.request_leaf[0] == keyed.request_leaf[3] != keyed.request_leaf[1]
 
 
-def test_dedupe_fans_results_out_to_every_duplicate(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import pyarrow as pa
-
+def test_dedupe_points_every_duplicate_at_one_inference(tmp_path) -> None:  # type: ignore[no-untyped-def]
     prompts = [[1, 2, 3], [5, 6], [1, 2, 3], [1, 2, 3], [5, 6, 7]]
     batch = batch_from_prompts(prompts)
     plan = build_plan(batch, COST)
     rows = read_plan(write_plan(plan, batch, COST, tmp_path))
     answered = dict(zip(rows.column("request_id").to_pylist(), rows.column("answered_by").to_pylist()))
-    ran = sorted(set(answered.values()))
-    assert len(ran) == 3 and answered["r0"] == answered["r2"] == answered["r3"]
-    results = pa.table({"request_id": ran, "text": [f"out-{r}" for r in ran]})
-    out = fan_out(rows, results)
-    assert sorted(out.column("request_id").to_pylist()) == [f"r{i}" for i in range(5)]
-    texts = dict(zip(out.column("request_id").to_pylist(), out.column("text").to_pylist()))
-    assert texts["r0"] == texts["r2"] == texts["r3"] == f"out-{answered['r0']}"
-    assert texts["r1"] != texts["r4"]
+    assert len(set(answered.values())) == 3 and answered["r0"] == answered["r2"] == answered["r3"]
+    assert answered["r0"] in ("r0", "r2", "r3") and answered["r1"] == "r1" and answered["r4"] == "r4"

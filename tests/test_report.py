@@ -12,7 +12,7 @@ import pytest
 
 from blendserve.cli import main
 from blendserve.config import RunConfig
-from blendserve.pipeline import run_pipeline
+from blendserve.pipeline.steps import run_pipeline
 from blendserve.report.build import SECTIONS, build_report
 from blendserve.report.explain import explain_plan
 

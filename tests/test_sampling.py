@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blendserve.admission import EngineState
+from blendserve.scheduling.admission import EngineState
 from blendserve.batch import UNKNOWN
 from blendserve.costmodel import CostModel, get_hardware, get_model
-from blendserve.planner.dual_scan import LEFT, RIGHT, DualScanController, ScanItems
+from blendserve.scheduling.dual_scan import LEFT, RIGHT, DualScanController, ScanItems
 from blendserve.planner.prefix_tree import build_prefix_tree
-from blendserve.planner.synthetic import batch_from_prompts, synthetic_batch
+from synthetic import batch_from_prompts, synthetic_batch
 from blendserve.sampling import (
     estimate_outputs,
     estimate_report,
@@ -180,7 +180,7 @@ def test_report_errors_overall_and_per_subtree() -> None:
 
 
 def test_inline_warmup_admits_samples_first_and_every_request_once() -> None:
-    from blendserve.sampling import warmup_controller
+    from blendserve.scheduling.warmup import warmup_controller
     from blendserve.sim import SimConfig, simulate
 
     batch = synthetic_batch(1500, family_size=100, memory_heavy_fraction=0.2, seed=4)

@@ -11,22 +11,23 @@ import duckdb
 import pyarrow.compute as pc
 import pytest
 
-from blendserve import parts, planning, storage
-from blendserve.pipeline import InjectedFault, infer_shard, ingest_step, load_step, plan_step
-from blendserve.planner.predictive import ChosenAdmission
+from blendserve import files
+from blendserve.pipeline import parts, shard, steps
+from blendserve.pipeline.steps import InjectedFault, infer_shard, ingest_step, load_step, plan_step
+from blendserve.scheduling.choice import ChosenAdmission
 
 
 def shard_runs(config, shard: int) -> list[str]:  # type: ignore[no-untyped-def]
-    plan = storage.read_parquet([config.plan_path]).filter(pc.equal(pc.field("shard"), shard)).sort_by("position")
+    plan = files.read_parquet([config.plan_path]).filter(pc.equal(pc.field("shard"), shard))  # in run order
     return plan.filter(pc.equal(pc.field("request_id"), pc.field("answered_by"))).column("request_id").to_pylist()
 
 
-def record_admissions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[planning.ShardPlan, list[int]]]:
-    """Every ShardPlan the pipeline makes, with the engine indices its controller admitted, in order."""
-    made: list[tuple[planning.ShardPlan, list[int]]] = []
-    original = planning.shard_plan
+def record_admissions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[shard.ShardWork, list[int]]]:
+    """Every ShardWork the pipeline makes, with the engine indices its controller admitted, in order."""
+    made: list[tuple[shard.ShardWork, list[int]]] = []
+    original = steps.plan_shard
 
-    def wrapped(*args, **kwargs) -> planning.ShardPlan:  # type: ignore[no-untyped-def]
+    def wrapped(*args, **kwargs) -> shard.ShardWork:  # type: ignore[no-untyped-def]
         plan = original(*args, **kwargs)
         admitted: list[int] = []
         inner = plan.controller.next_request
@@ -41,7 +42,7 @@ def record_admissions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[planning.Sh
         made.append((plan, admitted))
         return plan
 
-    monkeypatch.setattr(planning, "shard_plan", wrapped)
+    monkeypatch.setattr(steps, "plan_shard", wrapped)
     return made
 
 
@@ -54,7 +55,7 @@ def test_each_shard_admits_its_sample_first_then_replans_the_rest(make_config, m
         infer_shard(config, shard)
     assert len(made) == 2
     for plan, admitted in made:
-        run = plan.order.run
+        run = plan.scheduler.run
         assert len(run.sampled) >= 1
         assert admitted[: len(run.sampled)] == run.sampled.tolist()  # the sample goes in first
         assert sorted(admitted) == list(range(len(plan.todo)))  # then every other request, once
@@ -74,7 +75,7 @@ def test_each_shard_admits_its_sample_first_then_replans_the_rest(make_config, m
                WHERE s.run_id = ? AND s.kind = 'sampled' AND s.actual_output_tokens = o.num_output_tokens""",
             [config.run_id]).fetchone()[0]
     assert sum(kinds.values()) == inferences  # every inference has an estimate
-    assert kinds["sampled"] == sum(len(plan.order.sampled) for plan, _ in made) == sampled_actual
+    assert kinds["sampled"] == sum(len(plan.scheduler.sampled) for plan, _ in made) == sampled_actual
     assert mismatched == 0  # the plan table holds the estimates the shards planned with
 
 
@@ -86,18 +87,18 @@ def test_retried_shard_never_runs_a_sampled_request_twice(make_config):
         infer_shard(config, 0)
     done = parts.committed_lengths(config.shard_dir(0))
     runs = shard_runs(config, 0)
-    retry = planning.shard_plan(config, runs, done)
-    sampled = {retry.order.ids[b] for b in retry.order.sampled}
+    retry = shard.plan_shard(config, runs, done)
+    sampled = {retry.scheduler.ids[b] for b in retry.scheduler.sampled}
     assert sampled & set(done), "the first try should have answered part of the sample"
     assert not set(retry.todo) & set(done)  # committed answers, sampled or not, are not run again
 
     config.fail_after_rows = -1
     infer_shard(config, 0)
-    rows = storage.read_parquet(storage.list_parts(config.shard_dir(0), parts.PART_GLOB))
+    rows = files.read_parquet(files.list_parts(config.shard_dir(0), parts.PART_GLOB))
     ids = rows.column("request_id").to_pylist()
     assert len(ids) == len(set(ids)) == len(runs)  # one committed answer per inference over both tries
     lengths = dict(zip(ids, rows.column("num_output_tokens").to_pylist()))
-    estimates = storage.read_parquet([config.shard_dir(0) / "estimates.parquet"]).to_pylist()
+    estimates = files.read_parquet([config.shard_dir(0) / "estimates.parquet"]).to_pylist()
     observed = {r["request_id"]: r["actual_output_tokens"] for r in estimates if r["kind"] == "sampled"}
     assert set(observed) == sampled and all(observed[i] == lengths[i] for i in sampled)  # first try's lengths kept
 
@@ -106,14 +107,14 @@ def test_no_warmup_for_orders_that_ignore_lengths(make_config):
     config = make_config(engine="simulator", sample_rate=0.1, policy="fcfs", run_id="fcfs")
     ingest_step(config)
     plan_step(config)
-    plan = planning.shard_plan(config, shard_runs(config, 0), {})
-    assert plan.order is None and plan.controller.order.tolist() == list(range(len(plan.todo)))
+    plan = shard.plan_shard(config, shard_runs(config, 0), {})
+    assert plan.scheduler is None and plan.controller.order.tolist() == list(range(len(plan.todo)))
 
 
 def test_without_a_sample_the_shard_still_runs_the_registry_policy(make_config):
     config = make_config(engine="simulator", sample_rate=0, run_id="no-sample")
     ingest_step(config)
     plan_step(config)
-    plan = planning.shard_plan(config, shard_runs(config, 0), {})
+    plan = shard.plan_shard(config, shard_runs(config, 0), {})
     assert isinstance(plan.controller, ChosenAdmission)  # what the prediction simulates is what runs
-    assert plan.estimate_table() is None and len(plan.order.sampled) == 0
+    assert plan.estimate_table() is None and len(plan.scheduler.sampled) == 0

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from blendserve.costmodel import CostModel, get_hardware, get_model
-from blendserve.planner.plan import build_plan
-from blendserve.planner.synthetic import synthetic_batch
+from blendserve.pipeline.plan import build_plan
+from synthetic import synthetic_batch
 
 COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
 

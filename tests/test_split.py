@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
 from blendserve.planner.sort_split import dfs_order, order_sharing, split
-from blendserve.planner.synthetic import batch_from_prompts, synthetic_batch
+from synthetic import batch_from_prompts, synthetic_batch
 
 COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
 

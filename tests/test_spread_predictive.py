@@ -1,23 +1,27 @@
-"""The stratified blend (planner.spread) and the model-predictive choice (planner.predictive)."""
+"""The stratified blend (scheduling.blend) and blendserve's predictive choice (scheduling.choice)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from blendserve.admission import StaticOrder
+from blendserve.scheduling.admission import StaticOrder
 from blendserve.costmodel import CostModel, get_hardware, get_model
-from blendserve.planner import default_output_estimates
-from blendserve.planner.dual_scan import ScanItems
+from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.groups import leaf_groups
-from blendserve.planner.plan import ordered_leaves, scan_items
-from blendserve.planner.predictive import choose, subsample
+from blendserve.planner.items import ScanItems, ordered_leaves, scan_items
+from blendserve.scheduling.choice import Predictor, subsample
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
-from blendserve.planner.spread import cap_units, hot_depth, spread_keys, spread_order, unit_cuts
-from blendserve.planner.synthetic import synthetic_batch
-from blendserve.policies import PolicyContext, make_controller
+from blendserve.scheduling.blend import cap_units, hot_depth, spread_keys, unit_cuts
+from synthetic import synthetic_batch
+from blendserve.scheduling.registry import PolicyContext, make_controller
 
 COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
+
+
+def spread_order(tree: PrefixTree, items: ScanItems, lead: float = 0.05) -> np.ndarray:
+    """Item positions in stratified-blend order, with the blend's default cuts."""
+    return np.argsort(spread_keys(items, unit_cuts(tree, items), lead=lead), kind="stable")
 
 
 def _job(n: int, seed: int, memory_heavy: float = 0.3):  # type: ignore[no-untyped-def]
@@ -136,7 +140,7 @@ def test_choose_keeps_the_candidate_simulated_fastest() -> None:
         "serial": lambda sub, kept: OneAtATime(sub.requests),
         "batched": lambda sub, kept: StaticOrder(sub.requests),
     }
-    choice = choose(batch, items, estimates, COST, 200_000, candidates)
+    choice = Predictor(batch, items, estimates, COST, 200_000).choose(candidates)
     assert choice.name == "batched" and choice.predicted_s["serial"] > choice.predicted_s["batched"]
     lengths = np.maximum(estimates.astype(np.int64), 1)
     direct = simulate(batch, lengths, COST, StaticOrder(items.requests), SimConfig(kv_capacity_tokens=200_000))
@@ -150,8 +154,7 @@ def test_blendserve_choice_never_reads_true_lengths() -> None:
     batch.sim_output_tokens[:] = np.random.default_rng(0).integers(1, 3000, size=len(batch))
     second = make_controller("blendserve", context).choice  # type: ignore[attr-defined]
     assert first.name == second.name and first.predicted_s == second.predicted_s
-    assert set(first.predicted_s) == {"dual-scan", "static", "spread-0.05", "deadline-0.5", "deadline-0.8",
-                                      "deadline-1"}
+    assert set(first.predicted_s) == {"dual-scan", "spread-0.05", "deadline-0.5", "deadline-0.8", "deadline-1"}
     assert first.predicted_s[first.name] == min(first.predicted_s.values())
 
 

@@ -17,7 +17,7 @@ RUNS = ("sql-a", "sql-b")  # two runs in one file: a query that mixes runs or ro
 def db(tmp_path_factory, model_dir):
     """Two simulator runs of the mini fixture plus two bad rows, on two shards, in one DuckDB file."""
     from blendserve.config import RunConfig
-    from blendserve.pipeline import run_pipeline
+    from blendserve.pipeline.steps import run_pipeline
 
     folder = tmp_path_factory.mktemp("sql")
     data = folder / "in.jsonl"

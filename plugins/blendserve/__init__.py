@@ -6,3 +6,7 @@ imported inside the functions that need them.
 """
 
 __version__ = "0.1.0"
+
+# The inference engines a run may use (``blendserve.engines``): what --engine and the DAG's `engine` Param offer.
+# Here, beside nothing heavy, so the DAG file reads it in no time.
+ENGINES = ("vllm", "transformers", "simulator")

@@ -60,7 +60,7 @@ def error_line(err: BaseException, verbose: bool) -> str:
     """One line for ``err``: the message alone for errors in what the user gave (settings, paths,
     files, a busy database, the disk); the exception's type too for anything else."""
     from blendserve.config import ConfigError
-    from blendserve.store import DatabaseLocked
+    from blendserve.pipeline.database import DatabaseLocked
 
     message = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, (ConfigError, DatabaseLocked, OSError)):

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from blendserve import storage
-from blendserve.choices import ENGINES, EXPERIMENTAL_POLICIES, PUBLIC_POLICIES
+from blendserve import ENGINES, files
 from blendserve.model_prep import REPO_ROOT
-from blendserve.storage import StoragePath
+from blendserve.files import StoragePath
+from blendserve.scheduling.registry import POLICIES, PUBLIC_POLICIES
 
 # Run ids name folders, DuckDB rows and export files, and reach DuckDB's read_parquet inside paths:
 # one safe alphabet, no glob characters, no path separators, no leading dot or dash (so never '..').
@@ -58,7 +58,7 @@ class RunConfig:
     work_dir: str = ""  # run folder (Parquet, part files), path or s3://, gs:// URL; default <db folder>/runs/<run_id>
     storage_conn_id: str = ""  # Airflow connection for URL inputs and work_dir; empty: credentials from the environment
     model: str = ""  # model folder; default: the prepared SmolLM2-135M-Instruct
-    policy: str = "blendserve"  # scheduling policy: one of choices.PUBLIC_POLICIES (or an experimental one)
+    policy: str = "blendserve"  # scheduling policy: a name in scheduling.registry.POLICIES
     hardware: str = "a100-80g"  # hardware profile the plan is costed on (catalog name)
     sample_rate: float = 0.01  # share of each shard's requests run first to learn output lengths (0 = none)
     keep_sharing: float = 0.99  # split budget: the plan keeps at least this share of DFS prefix sharing
@@ -79,7 +79,7 @@ class RunConfig:
         check_run_id(self.run_id)  # it names a folder under the db's: never '..', never a glob
         if self.engine not in ENGINES:
             raise ConfigError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.policy not in PUBLIC_POLICIES + EXPERIMENTAL_POLICIES:
+        if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {PUBLIC_POLICIES}, got {self.policy!r}")
         if self.shards < 1:
             raise ConfigError(f"shards must be at least 1, got {self.shards}")
@@ -87,15 +87,15 @@ class RunConfig:
             raise ConfigError(f"part_rows must be at least 1, got {self.part_rows}")
         if self.model and not Path(self.model).is_dir():
             raise ConfigError(f"model {self.model!r} is not a model folder")
-        if storage.is_remote(self.db):
+        if files.is_remote(self.db):
             # DuckDB takes one writer per file and cannot lock an object: the file stays on a disk
             raise ConfigError(f"db must be a local file, got {self.db!r}; put work_dir in object storage instead")
 
     @property
     def run_dir(self) -> StoragePath:
-        """A plain ``Path`` unless ``work_dir`` is a URL (then a universal path, see ``blendserve.storage``)."""
+        """A plain ``Path`` unless ``work_dir`` is a URL (then a universal path, see ``blendserve.files``)."""
         if self.work_dir:
-            return storage.resolve(self.work_dir, self.storage_conn_id or None)
+            return files.resolve(self.work_dir, self.storage_conn_id or None)
         return Path(self.db).resolve().parent / "runs" / self.run_id
 
     @property

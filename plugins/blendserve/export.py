@@ -18,7 +18,8 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from blendserve import storage, store
+from blendserve import files
+from blendserve.pipeline import database
 from blendserve.model_prep import MODEL_NAME
 
 
@@ -46,9 +47,9 @@ def export_openai(db: str | Path, run_id: str, out_dir: str | Path) -> ExportRep
     paths = {kind: out_dir / f"{run_id}-{kind}.{ext}" for kind, ext in
              (("output", "jsonl"), ("errors", "jsonl"), ("manifest", "json"))}
     counts = {"outputs": 0, "errors": 0, "rejected": 0}
-    with store.connect(db, read_only=True) as con, ExitStack() as stack:
+    with database.connect(db, read_only=True) as con, ExitStack() as stack:
         airflow_run_id, model = _run_info(con, run_id)
-        ok_file, err_file = (stack.enter_context(storage.staged_file(paths[k])).open("w", encoding="utf-8")
+        ok_file, err_file = (stack.enter_context(files.staged_file(paths[k])).open("w", encoding="utf-8")
                              for k in ("output", "errors"))
         with ok_file, err_file:
             for n, row in enumerate(_rows(con, OUTPUTS_QUERY, run_id)):
@@ -60,7 +61,7 @@ def export_openai(db: str | Path, run_id: str, out_dir: str | Path) -> ExportRep
                 counts["rejected"] += 1
     report = ExportReport(str(paths["output"]), str(paths["errors"]), str(paths["manifest"]), **counts)
     manifest = {"run_id": run_id, "airflow_run_id": airflow_run_id, "model": model, **asdict(report)}
-    storage.atomic_write_bytes(json.dumps(manifest, indent=2).encode(), paths["manifest"])
+    files.atomic_write_bytes(json.dumps(manifest, indent=2).encode(), paths["manifest"])
     return report
 
 

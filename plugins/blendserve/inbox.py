@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from blendserve import storage
+from blendserve import files
 from blendserve.ingest.readers import READERS
 LEDGER = ".blendserve"
 
@@ -81,7 +81,7 @@ def _claim(path: Path, ledger: Path) -> None:
         # else a scan died between mkdir and the move: finish its claim with this copy
     target = folder / f"input{path.suffix.lower()}"  # a fixed name: no glob characters reach the input
     claim = Claim(sha, path.name, str(target), datetime.now(timezone.utc).isoformat())
-    storage.atomic_write_bytes(json.dumps(asdict(claim)).encode(), folder / "claim.json")
+    files.atomic_write_bytes(json.dumps(asdict(claim)).encode(), folder / "claim.json")
     _move(path, target)
 
 

@@ -29,7 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from blendserve.batch import RequestBatch
     from blendserve.costmodel import CostModel, get_hardware, get_model
-    from blendserve.planner import build_plan, default_output_estimates, write_plan
+    from blendserve.pipeline.plan import build_plan, write_plan
+    from blendserve.planner.estimates import default_output_estimates
     from blendserve.progress import phase
     from blendserve.config import check_run_id
     from blendserve.sim import SimConfig
@@ -57,16 +58,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace, batch, plan, cost_model, estimates) -> str:  # type: ignore[no-untyped-def]
     from blendserve.progress import phase
-    from blendserve.report.explain import explain, format_explanation, prediction_metrics
+    from blendserve.report.explain import OrderFigures, explain, format_explanation, prediction_metrics
     from blendserve.sim import SimConfig
 
     with phase("plan: simulating every policy"):
-        explanation = explain(batch, plan, cost_model, SimConfig(), estimates=estimates, seed=args.seed)
+        explanation = explain(batch, OrderFigures.of_plan(plan), cost_model, SimConfig(), estimates=estimates, seed=args.seed)
     if args.db and args.run_id:
-        from blendserve import store
+        from blendserve.pipeline import database
 
-        with store.connect(args.db) as con:
-            store.put_metrics(con, args.run_id, prediction_metrics(explanation, args.policy))
+        with database.connect(args.db) as con:
+            database.put_metrics(con, args.run_id, prediction_metrics(explanation, args.policy))
     return format_explanation(explanation, args.policy)
 
 
@@ -88,10 +89,10 @@ def _summary(plan, path) -> str:  # type: ignore[no-untyped-def]
 
 
 def _policy_table(batch, cost_model, config, seed) -> str:  # type: ignore[no-untyped-def]
-    from blendserve.policies import POLICIES
+    from blendserve.scheduling.registry import PUBLIC_POLICIES
     from blendserve.sim.compare import compare_policies
 
-    report = compare_policies(batch, cost_model, config, sorted(POLICIES), seed)
+    report = compare_policies(batch, cost_model, config, sorted(PUBLIC_POLICIES), seed)
     lines = [f"  {'policy':<20}{'predicted s':>12}{'tokens/s':>12}{'of optimum':>12}{'prefix hits':>12}"]
     for row in report["policies"]:
         lines.append(

@@ -6,7 +6,8 @@ import argparse
 import json
 import time
 
-from blendserve.choices import ENGINES, PUBLIC_POLICIES
+from blendserve import ENGINES
+from blendserve.scheduling.registry import PUBLIC_POLICIES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -39,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from blendserve.config import RunConfig, new_run_id
-    from blendserve.pipeline import run_pipeline
+    from blendserve.pipeline.steps import run_pipeline
 
     defaults_unless_given = {"part_rows": args.part_rows}
 

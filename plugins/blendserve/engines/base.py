@@ -1,7 +1,7 @@
 """The engine interface: requests in (token ids + sampling), results out, one per request.
 
 An engine admits requests only through an ``AdmissionController`` (see
-``blendserve.admission``), so the same plan drives every engine. A request the
+``blendserve.scheduling.admission``), so the same plan drives every engine. A request the
 engine refuses becomes an error result; it never stops the others.
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
-from blendserve.admission import AdmissionController
+from blendserve.scheduling.admission import AdmissionController
 
 if TYPE_CHECKING:
     import pyarrow as pa

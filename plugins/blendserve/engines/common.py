@@ -1,4 +1,4 @@
-"""What every engine shares: estimates, the static-list drain, refusals, the stats timeline.
+"""What every engine shares: estimates, refusals, the stats timeline.
 
 The timeline is one dict per interval with the keys of ``TIMELINE_KEYS``; a
 value an engine cannot observe is ``None`` rather than a made-up zero.
@@ -6,13 +6,12 @@ value an engine cannot observe is ``None`` rather than a made-up zero.
 
 from __future__ import annotations
 
-import heapq
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
-from blendserve.admission import AdmissionController, EngineState
+from blendserve.scheduling.admission import AdmissionController, EngineState
 from blendserve.engines.base import BatchRequests, EngineRequest, EngineResult, EngineStats
 
 if TYPE_CHECKING:
@@ -45,33 +44,6 @@ def estimated_output(request: EngineRequest) -> int:
     """The planner's fallback rule: a known length, else the request's cap. Never the simulator's truth."""
     known = request.expected_output_tokens
     return max(1, min(known, request.max_tokens) if known is not None and known >= 0 else request.max_tokens)
-
-
-def planned_order(controller: AdmissionController, requests: Sequence[EngineRequest],
-                  kv_total_tokens: int = 0) -> list[int]:
-    """Every index the controller admits, in its order, for engines that take one list (static mode).
-
-    The controller runs against a crude clock: an admitted request holds its
-    place for its estimated output length, and time jumps to the earliest
-    finish whenever the controller admits nothing. Only the order of
-    finishes matters. (The planner's own list, ``static_dual_scan_order``,
-    needs no clock: it paces the two cursors by admitted work.)
-    """
-    order: list[int] = []
-    holding: list[tuple[int, int]] = []  # (finish time, index)
-    now = 0
-    while controller.remaining():
-        state = EngineState(running=len(holding), waiting=0, kv_used_tokens=0, kv_total_tokens=kv_total_tokens)
-        index = controller.next_request(state)
-        if index is None:
-            if not holding:
-                raise RuntimeError("admission controller admits nothing while nothing is running")
-            now, done = heapq.heappop(holding)
-            controller.on_finish(done, estimated_output(requests[done]))
-            continue
-        order.append(index)
-        heapq.heappush(holding, (now + estimated_output(requests[index]), index))
-    return order
 
 
 def refusal(request: EngineRequest, max_len: int, what: str) -> str | None:

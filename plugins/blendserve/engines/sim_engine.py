@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from blendserve.admission import AdmissionController, EngineState
+from blendserve.scheduling.admission import AdmissionController, EngineState
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware, get_model

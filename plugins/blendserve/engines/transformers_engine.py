@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from blendserve.admission import AdmissionController, EngineState
+from blendserve.scheduling.admission import AdmissionController, EngineState
 from blendserve.config import RunConfig
 from blendserve.engines.base import EngineRequest, EngineResult, EngineStats, ResultSink, token_list
 from blendserve.engines.common import RunBook, refusal

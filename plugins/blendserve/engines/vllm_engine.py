@@ -11,7 +11,7 @@ Two modes (``RunConfig.extra["vllm_mode"]``, settable per run on a kept engine):
   requests, KV usage, read from the ``SchedulerStats`` each step returns)
   shows room, so the waiting queue stays a few requests long and the plan,
   not vLLM's FCFS queue, decides what runs next.
-- ``static``: the controller's whole order up front (``common.planned_order``),
+- ``static``: the controller's whole order up front (``scheduling.admission.planned_order``),
   every request added before the first step, then stepped to the end: what
   ``LLM.generate`` does with a list, but refusing bad requests one by one.
 """
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Sequence
 
-from blendserve.admission import AdmissionController, EngineState
+from blendserve.scheduling.admission import AdmissionController, EngineState, planned_order
 from blendserve.config import RunConfig
 from blendserve.engines.base import EngineRequest, EngineResult, EngineStats, ResultSink, token_list
-from blendserve.engines.common import RunBook, planned_order, refusal
+from blendserve.engines.common import RunBook, estimated_output, refusal
 
 log = logging.getLogger(__name__)
 WAITING_AHEAD = 8  # requests always allowed to queue in vLLM (not yet started), whatever their size
@@ -171,7 +171,7 @@ class VllmEngine:
         flight = InFlight()
         self.latest.fresh = False
         if self.mode == "static":
-            for index in planned_order(controller, requests, self.kv_total_tokens):
+            for index in planned_order(controller, [estimated_output(r) for r in requests], self.kv_total_tokens):
                 self._add(index, requests[index], book, flight, tell_controller=False)
         try:
             while True:

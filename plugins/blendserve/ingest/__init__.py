@@ -3,7 +3,7 @@
 Streams records in chunks (memory stays flat), rejects bad ones with a
 reason naming file and row, and checks that rows read = accepted + rejected.
 Inputs and outputs may be object-storage URLs; both Parquet files appear whole
-or not at all (``storage.staged_file``).
+or not at all (``files.staged_file``).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from blendserve import storage
+from blendserve import files
 from blendserve.ingest.normalize import Limits, Normalized, Reject, normalize
 from blendserve.ingest.columnar import plain_rows, request_table, token_row_record
 from blendserve.ingest.readers import RawRecord, expand_inputs, parquet_batches, parquet_records, read_records
 from blendserve.ingest.tokenize import PromptTokenizer
 from blendserve.schema import REJECT_SCHEMA, REQUEST_SCHEMA
-from blendserve.storage import PathLike, StoragePath
+from blendserve.files import PathLike, StoragePath
 
 log = logging.getLogger(__name__)
 CHUNK_ROWS = 2048  # records tokenized and written together
@@ -47,10 +47,10 @@ class IngestReport:
 def ingest(pattern: str, requests_path: PathLike, rejects_path: PathLike, tokenizer: PromptTokenizer,
            limits: Limits, conn_id: str | None = None) -> IngestReport:
     """``conn_id``: the Airflow connection for URL inputs and outputs (None: credentials from the environment)."""
-    files = expand_inputs(pattern, conn_id)
-    with storage.staged_file(requests_path) as requests_file, storage.staged_file(rejects_path) as rejects_file:
+    inputs = expand_inputs(pattern, conn_id)
+    with files.staged_file(requests_path) as requests_file, files.staged_file(rejects_path) as rejects_file:
         sink = _Sink(requests_file, rejects_file, tokenizer, limits)
-        for path in files:
+        for path in inputs:
             log.info("ingesting %s", path)
             if path.suffix.lower() == ".parquet":
                 _add_parquet(sink, path)
@@ -58,7 +58,7 @@ def ingest(pattern: str, requests_path: PathLike, rejects_path: PathLike, tokeni
             for record in read_records(path):
                 sink.add(record)
         sink.close()
-    report = IngestReport(len(files), sink.read, sink.accepted, sink.rejected, str(requests_path), str(rejects_path))
+    report = IngestReport(len(inputs), sink.read, sink.accepted, sink.rejected, str(requests_path), str(rejects_path))
     report.check()
     log.info("ingest: read %d, accepted %d, rejected %d", report.read, report.accepted, report.rejected)
     if not report.accepted:  # the run still finishes: every row is in rejects, with its reason

@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from blendserve import storage
+from blendserve import files
 from blendserve.config import ConfigError
-from blendserve.storage import StoragePath
+from blendserve.files import StoragePath
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,13 +40,13 @@ class RawRecord:
 def expand_inputs(pattern: str, conn_id: str | None = None) -> list[StoragePath]:
     """A file or a glob, local or a URL, sorted, so runs are reproducible. A file whose name holds
     glob characters (``in[1].jsonl``) names itself, not the files the pattern would match."""
-    literal = storage.resolve(pattern, conn_id)
-    files = [literal] if literal.is_file() else [p for p in storage.expand(pattern, conn_id) if p.is_file()]
-    if not files:
+    literal = files.resolve(pattern, conn_id)
+    found = [literal] if literal.is_file() else [p for p in files.expand(pattern, conn_id) if p.is_file()]
+    if not found:
         raise FileNotFoundError(f"no input files match {pattern!r}")
-    for path in files:  # before any is read: a wrong file in a glob fails the run at once, not midway
+    for path in found:  # before any is read: a wrong file in a glob fails the run at once, not midway
         _reader(path)
-    return files
+    return found
 
 
 def read_records(path: StoragePath) -> Iterator[RawRecord]:

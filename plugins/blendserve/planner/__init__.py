@@ -1,21 +1,9 @@
-"""BlendServe's planner: resource-aware prefix tree, sort and split, dual scan, data-parallel shards.
+"""BlendServe's tree side: what the scheduling policies are built on.
 
-Importing it registers the planner's policies (dfs, density,
-blendserve-nosplit, blendserve) in ``blendserve.policies``.
+- ``prefix_tree`` (with ``lcp``): the resource-aware prefix tree, one leaf per distinct inference.
+- ``sort_split``: layer-wise density sort, conditional node splitting, the depth-first order.
+- ``groups``: the density-ordered leaf list cut into groups.
+- ``items``: that list as ``ScanItems``, what ``blendserve.scheduling`` walks.
+- ``shards``: the data-parallel cut of a stream into balanced shards of whole subtrees.
+- ``estimates``: the output lengths a tree is built on before anything has run.
 """
-
-from blendserve.planner import policies as _policies  # noqa: F401  (registers the policies)
-from blendserve.planner.dual_scan import DualScanController, memory_split
-from blendserve.planner.estimates import default_output_estimates
-from blendserve.planner.plan import Plan, build_plan, fan_out, read_plan, write_plan
-
-__all__ = [
-    "DualScanController",
-    "Plan",
-    "build_plan",
-    "default_output_estimates",
-    "fan_out",
-    "memory_split",
-    "read_plan",
-    "write_plan",
-]

@@ -3,7 +3,9 @@
 Every policy is simulated on the chosen hardware (``sim.compare``) with the
 lengths the simulator treats as true; the plan itself gives the root density,
 the prefix sharing kept against the depth-first order, and the shard balance.
-A run of more than ``EXPLAIN_ROWS`` requests simulates the policies on a seeded
+For a run, those figures are of the order that ran (each shard's
+admissions, loaded into ``plan.position``): nothing is planned again. A run
+of more than ``EXPLAIN_ROWS`` requests simulates the policies on a seeded
 uniform sample of that many (every policy is a whole simulation: at 200k
 requests they took longer than the run), its times scaled by the whole job's
 ``T_opt`` over the sample's; the explanation says so.
@@ -12,18 +14,57 @@ requests they took longer than the run), its times scaled by the whole job's
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
 
-    from blendserve.batch import RequestBatch
-    from blendserve.config import RunConfig
-    from blendserve.costmodel import CostModel
-    from blendserve.planner.plan import Plan
-    from blendserve.sim import SimConfig
+from blendserve.batch import RequestBatch
+from blendserve.config import RunConfig
+from blendserve.costmodel import CostModel, batch_t_opt
+from blendserve.pipeline import database
+from blendserve.pipeline.plan import Plan, load_inputs
+from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
+from blendserve.planner.sort_split import order_sharing
+from blendserve.scheduling.registry import PUBLIC_POLICIES
+from blendserve.sim import SimConfig
+from blendserve.sim.compare import compare_policies, true_outputs
 
 EXPLAIN_ROWS = 20_000  # requests the policies are simulated on, at most (a seeded uniform sample above it)
+
+
+@dataclass
+class OrderFigures:
+    """What an order does, before any simulation: the job's density, its prefix sharing, its shards' work."""
+
+    root_density: float  # rho of the prefix-tree root
+    sharing_tokens: int  # prompt tokens each inference shares with the one before it in its shard
+    dfs_sharing_tokens: int  # the same for the depth-first order: the most any order gets
+    shard_seconds: list[float]  # estimated seconds of each shard on one engine: max(Comp, Mem)
+
+    @classmethod
+    def of_plan(cls, plan: Plan) -> OrderFigures:
+        return cls(float(plan.target_density), plan.sharing_tokens, plan.dfs_sharing_tokens,
+                   [float(t) for t in plan.shards.time])
+
+    @property
+    def imbalance(self) -> float:
+        mean = float(np.mean(self.shard_seconds)) if self.shard_seconds else 0.0
+        return max(self.shard_seconds) / mean if mean > 0 else 1.0
+
+
+def order_figures(tree: PrefixTree, cost: CostModel, shard_leaves: list[np.ndarray]) -> OrderFigures:
+    """``OrderFigures`` of shards that ran ``shard_leaves`` (each shard's inferences as tree leaves, in the
+    order admitted), with ``cut_shards``'s estimate of a shard's seconds."""
+    seconds, sharing = [], 0
+    for leaves in shard_leaves:
+        p = tree.prompt_len[leaves].astype(np.float64)
+        d = tree.output_est[leaves].astype(np.float64)
+        shared = np.zeros(len(leaves))
+        if len(leaves) > 1:
+            shared[1:] = tree.leaf_pair_lcp(leaves[:-1], leaves[1:])
+        sharing += order_sharing(tree, leaves)
+        seconds.append(float(max(cost.comp_time(float(np.sum(p - shared + d))), float(np.sum(cost.mem_time(p, d))))))
+    dfs = int(tree.prompt_len.sum() - tree.stats.unique_prompt_tokens[0])
+    return OrderFigures(float(tree.stats.density[0]), sharing, dfs, seconds)
 
 
 @dataclass
@@ -55,26 +96,22 @@ class Explanation:
     simulated_requests: int = 0  # requests the policies ran on: ``requests``, or a sample's size (times scaled)
 
 
-def explain(batch: "RequestBatch", plan: "Plan", cost: "CostModel", sim: "SimConfig",
-            policies: list[str] | None = None, estimates: "np.ndarray | None" = None, seed: int = 0) -> Explanation:
-    """Simulate ``policies`` (default: every registered one) and gather the plan's own figures."""
-    import blendserve.planner  # noqa: F401  (registers the planner's policies)
-    from blendserve.policies import POLICIES
-    from blendserve.sim.compare import compare_policies
-
-    report = compare_policies(batch, cost, sim, sorted(POLICIES) if policies is None else policies, seed,
+def explain(batch: RequestBatch, order: OrderFigures, cost: CostModel, sim: SimConfig,
+            policies: list[str] | None = None, estimates: np.ndarray | None = None, seed: int = 0) -> Explanation:
+    """Simulate ``policies`` (default: the public ones) beside the figures of the order that runs."""
+    report = compare_policies(batch, cost, sim, sorted(PUBLIC_POLICIES) if policies is None else policies, seed,
                               estimates=estimates)
     rows = [PolicyPrediction(r["policy"], r["time_s"], r["throughput"], r["fraction_of_optimum"],
                              r["prefix_hit_ratio"], r.get("chosen")) for r in report["policies"]]
-    sharing = plan.sharing_tokens / plan.dfs_sharing_tokens if plan.dfs_sharing_tokens else 1.0
+    sharing = order.sharing_tokens / order.dfs_sharing_tokens if order.dfs_sharing_tokens else 1.0
     return Explanation(
         requests=report["requests"], input_tokens=report["input_tokens"], output_tokens=report["output_tokens"],
         model=report["model"], hardware=report["hardware"], gpus_per_engine=cost.hardware.tp,
-        shards=len(plan.shards.time), t_opt_s=report["t_opt_s"], root_density=float(plan.target_density),
+        shards=len(order.shard_seconds), t_opt_s=report["t_opt_s"], root_density=order.root_density,
         sharing_kept=float(sharing),
-        shared_prompt_share=plan.sharing_tokens / report["input_tokens"] if report["input_tokens"] else 0.0,
-        shard_seconds=[float(t) for t in plan.shards.time],
-        shard_imbalance=float(plan.shards.imbalance), policies=rows, simulated_requests=len(batch),
+        shared_prompt_share=order.sharing_tokens / report["input_tokens"] if report["input_tokens"] else 0.0,
+        shard_seconds=list(order.shard_seconds),
+        shard_imbalance=float(order.imbalance), policies=rows, simulated_requests=len(batch),
     )
 
 
@@ -151,35 +188,42 @@ def prediction_metrics(e: Explanation, policy: str) -> dict[str, float]:
     return metrics
 
 
-def explain_run(config: "RunConfig") -> Explanation:
-    """A run's explanation: its requests, cost model, KV capacity and the estimates its plan table holds.
+def explain_run(config: RunConfig) -> Explanation:
+    """A run's explanation: the order that ran, and every public policy simulated on the run's estimates.
 
-    Call it after ``load_step``: the plan then holds the estimates the
-    shards' warm-up samples gave (before, only ``max_tokens`` or known
-    lengths). ``config.db`` is the DuckDB file those estimates are read from.
+    Call it after ``load_step``: the plan table then holds the order each
+    shard admitted and the estimates its warm-up sample gave (before, only
+    ``max_tokens`` or known lengths). ``config.db`` is read for both.
     """
-    from blendserve.planner.plan import build_plan
-    from blendserve.planning import load_inputs
-
-    import numpy as np
-
     inputs = load_inputs(config)
-    batch, estimates = inputs.batch, _stored_estimates(config, inputs.batch)
-    plan = build_plan(batch, inputs.cost, output_estimates=estimates,
-                      sampling_keys=inputs.keys, shards=config.shards, keep_sharing=config.keep_sharing)
+    batch = inputs.batch
+    estimates, positions = _stored_plan(config, batch)
+    tree = build_prefix_tree(batch, inputs.cost, estimates, inputs.keys)
+    order = order_figures(tree, inputs.cost, _shard_leaves(tree, batch, positions, config.shards))
     sim = sim_config_for(config, inputs.kv_capacity)
     if len(batch) <= EXPLAIN_ROWS:
-        return explain(batch, plan, inputs.cost, sim, estimates=estimates)
+        return explain(batch, order, inputs.cost, sim, estimates=estimates)
     rows = np.sort(np.random.default_rng(0).choice(len(batch), EXPLAIN_ROWS, replace=False))
-    sampled = explain(batch.take(rows), plan, inputs.cost, sim, estimates=None if estimates is None else estimates[rows])
+    sampled = explain(batch.take(rows), order, inputs.cost, sim, estimates=None if estimates is None else estimates[rows])
     return _scaled(sampled, batch, inputs.cost, sim)
 
 
-def _scaled(sampled: Explanation, batch: "RequestBatch", cost: "CostModel", sim: "SimConfig") -> Explanation:
-    """A sample's explanation for the whole ``batch``: its T_opt and tokens, each policy's time scaled alike."""
-    from blendserve.costmodel import batch_t_opt
-    from blendserve.sim.compare import true_outputs
+def _shard_leaves(tree: PrefixTree, batch: RequestBatch, positions: dict[str, tuple[int, int]],
+                  shards: int) -> list[np.ndarray]:
+    """Each of the ``shards`` shards' inferences as tree leaves, in the order admitted."""
+    rep = np.zeros(len(batch), dtype=bool)
+    rep[tree.leaf_request] = True  # one request per inference: the one that ran
+    by_shard: dict[int, list[tuple[int, int]]] = {k: [] for k in range(shards)}
+    for b, request_id in enumerate(batch.request_ids.tolist()):
+        if rep[b] and request_id in positions:
+            shard, position = positions[request_id]
+            by_shard.setdefault(shard, []).append((position, b))
+    return [tree.request_leaf[np.array([b for _, b in sorted(rows)], dtype=np.int64)]
+            for _, rows in sorted(by_shard.items())]
 
+
+def _scaled(sampled: Explanation, batch: RequestBatch, cost: CostModel, sim: SimConfig) -> Explanation:
+    """A sample's explanation for the whole ``batch``: its T_opt and tokens, each policy's time scaled alike."""
     outputs = true_outputs(batch)
     t_opt = batch_t_opt(cost, batch, outputs, sim.overlap, sim.kv_capacity_tokens).time
     scale = t_opt / sampled.t_opt_s if sampled.t_opt_s else 1.0
@@ -191,20 +235,16 @@ def _scaled(sampled: Explanation, batch: "RequestBatch", cost: "CostModel", sim:
                    policies=policies, shared_prompt_share=sampled.shared_prompt_share * sampled.input_tokens / prompt)
 
 
-def explain_plan(config: "RunConfig") -> str:
+def explain_plan(config: RunConfig) -> str:
     """``explain_run`` as a table, with the run's policy's prediction stored in ``metrics`` (``predicted_*``)."""
-    from blendserve import store
-
     explanation = explain_run(config)
-    with store.connect(config.db) as con:
-        store.put_metrics(con, config.run_id, prediction_metrics(explanation, config.policy))
+    with database.connect(config.db) as con:
+        database.put_metrics(con, config.run_id, prediction_metrics(explanation, config.policy))
     return format_explanation(explanation, config.policy)
 
 
-def sim_config_for(config: "RunConfig", kv_capacity: int) -> "SimConfig":
+def sim_config_for(config: RunConfig, kv_capacity: int) -> SimConfig:
     """The simulator settings of a simulator run; for a real engine, its KV capacity in tokens."""
-    from blendserve.sim import SimConfig
-
     settings = config.extra.get("simulator", {}) if config.engine == "simulator" else {}
     known = {k: v for k, v in settings.items() if k in SimConfig.__dataclass_fields__}
     known.setdefault("kv_capacity_tokens", int(kv_capacity))
@@ -212,16 +252,15 @@ def sim_config_for(config: "RunConfig", kv_capacity: int) -> "SimConfig":
     return SimConfig(**known)
 
 
-def _stored_estimates(config: "RunConfig", batch: "RequestBatch"):  # -> np.ndarray | None
-    """The plan's per-request estimates (the warm-up's once loaded), in batch order; None without a plan."""
-    import numpy as np
-
-    from blendserve import store
-
-    with store.connect(config.db, read_only=True) as con:
-        rows = dict(con.execute("SELECT request_id, est_output_tokens FROM plan WHERE run_id = ?",
-                                [config.run_id]).fetchall())
+def _stored_plan(config: RunConfig, batch: RequestBatch) -> tuple[np.ndarray | None, dict[str, tuple[int, int]]]:
+    """The plan table's per-request estimates (the warm-up's once loaded) in batch order, None without a
+    plan; and the (shard, position) of every request with a position (the order that ran, once loaded)."""
+    with database.connect(config.db, read_only=True) as con:
+        rows = con.execute("SELECT request_id, est_output_tokens, shard, position FROM plan WHERE run_id = ?",
+                           [config.run_id]).fetchall()
+    estimate = {r[0]: r[1] for r in rows}
+    positions = {r[0]: (r[2], r[3]) for r in rows if r[3] is not None}
     ids = batch.request_ids.astype(object)
-    if not rows or not all(i in rows for i in ids):
-        return None
-    return np.array([rows[i] for i in ids], dtype=np.int64)
+    if not estimate or not all(i in estimate for i in ids):
+        return None, positions
+    return np.array([estimate[i] for i in ids], dtype=np.int64), positions

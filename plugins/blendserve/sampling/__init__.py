@@ -7,7 +7,7 @@ and estimates the rest from their subtree's sampled lengths. The sampled
 outputs are final results: they are stored like any other and never run
 again.
 
-API for the pipeline (each infer shard's first answers, ``planning.shard_plan``):
+API for the pipeline (each infer shard's first answers, ``pipeline.shard``):
 
 ``select_samples(batch, tree, rate=0.01, min_subtree=100, cap=5000, seed=0) -> np.ndarray``
     Sorted batch indices to run in the warm-up phase. ``tree`` is the
@@ -29,25 +29,18 @@ API for the pipeline (each infer shard's first answers, ``planning.shard_plan``)
 ``split_warmup(tree, sampled_idx) -> WarmupSplit``
     ``run`` (the warm-up phase), ``fanned`` (duplicates a warm-up result
     answers) and ``rest`` (planned after it): every request in exactly one.
-``WarmupController(sampled, others, plan)``, ``warmup_controller(batch, tree, sampled, cost_model, kv_capacity_tokens, policy="blendserve")``
-    The warm-up inside one engine run: samples first, random fillers keep
-    the engine busy while they run, then the plan from their lengths takes
-    over. Pass it to ``engine.run(requests, controller, on_result)``; its
-    ``observed`` holds the sampled lengths afterwards. The pipeline's shards
-    build one with ``plan`` re-planning their rest (``planning.ShardWarmup``);
-    ``warmup_controller`` is the same over a whole batch (the simulator's).
+The warm-up inside one engine run (samples first, fillers beside them, then the policy on
+the learnt lengths) is ``blendserve.scheduling.warmup``.
 """
 
 from blendserve.sampling.estimator import KIND_NAMES, Estimates, estimate_outputs
 from blendserve.sampling.report import ESTIMATE_SCHEMA, ErrorRow, estimate_report, estimate_table, report_text
 from blendserve.sampling.select import WarmupSplit, eligible_leaves, select_samples, split_warmup
-from blendserve.sampling.warmup import WarmupController, warmup_controller
 
 __all__ = [
     "ESTIMATE_SCHEMA",
     "ErrorRow",
     "Estimates",
-    "WarmupController",
     "WarmupSplit",
     "KIND_NAMES",
     "eligible_leaves",
@@ -57,5 +50,4 @@ __all__ = [
     "report_text",
     "select_samples",
     "split_warmup",
-    "warmup_controller",
 ]

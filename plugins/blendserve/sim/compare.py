@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.costmodel import CostModel, batch_t_opt
-from blendserve.policies import POLICIES, PolicyContext, make_controller
+from blendserve.planner.estimates import default_output_estimates
+from blendserve.planner.prefix_tree import build_prefix_tree
+from blendserve.sampling import estimate_outputs, select_samples
+from blendserve.scheduling.choice import Choice
+from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.sim.simulator import SimConfig, SimResult, kv_capacity_tokens, simulate
-
-if TYPE_CHECKING:  # the planner imports the simulator: no import at run time
-    from blendserve.planner.predictive import Choice
 
 
 def true_outputs(batch: RequestBatch) -> np.ndarray:
@@ -23,31 +22,15 @@ def true_outputs(batch: RequestBatch) -> np.ndarray:
     return np.maximum(np.where(out != UNKNOWN, out, batch.max_tokens), 1).astype(np.int64)
 
 
-def planner_estimates(batch: RequestBatch) -> np.ndarray:
-    """The planner's output estimates (never sim_output_tokens); registers its policies too."""
-    try:
-        planner = importlib.import_module("blendserve.planner")
-        return planner.default_output_estimates(batch)
-    except ImportError:  # planner not there yet: its own fallback rule, known length else the cap
-        known = batch.expected_output_tokens != UNKNOWN
-        return np.maximum(np.where(known, batch.expected_output_tokens, batch.max_tokens), 1).astype(np.int64)
-
-
 def warmup_estimates(batch: RequestBatch, cost: CostModel, outputs: np.ndarray, seed: int = 0) -> np.ndarray:
     """Estimates as the pipeline makes them: the warm-up sampler's 1% (its defaults) observed, the rest inferred.
 
     The sampled requests' observed lengths are their true ones (what the warm-up
     run would return); every other estimate comes from its subtree's samples.
-    Falls back to the planner's defaults when the sampler is not installed.
     """
-    try:
-        sampling = importlib.import_module("blendserve.sampling")
-        planner = importlib.import_module("blendserve.planner.prefix_tree")
-    except ImportError:
-        return planner_estimates(batch)
-    tree = planner.build_prefix_tree(batch, cost)
-    sampled = sampling.select_samples(batch, tree, seed=seed)
-    return sampling.estimate_outputs(batch, tree, sampled, outputs[sampled]).mean
+    tree = build_prefix_tree(batch, cost)
+    sampled = select_samples(batch, tree, seed=seed)
+    return estimate_outputs(batch, tree, sampled, outputs[sampled]).mean
 
 
 def compare_policies(
@@ -60,12 +43,12 @@ def compare_policies(
     ones); None takes the planner's defaults (known length, else max_tokens).
     """
     outputs = true_outputs(batch)
-    estimates = planner_estimates(batch) if estimates is None else np.asarray(estimates, dtype=np.int64)
+    estimates = default_output_estimates(batch) if estimates is None else np.asarray(estimates, dtype=np.int64)
     context = PolicyContext(batch, estimates, cost, kv_capacity_tokens(cost, config), seed)
     optimum = batch_t_opt(cost, batch, outputs, config.overlap, context.kv_capacity_tokens)
     results: dict[str, tuple[SimResult, float]] = {}
     chosen: dict[str, dict] = {}  # policy -> what it chose by prediction (blendserve), when it says
-    for name in policies + (["dfs"] if "dfs" in POLICIES and "dfs" not in policies else []):
+    for name in policies + (["dfs"] if "dfs" not in policies else []):
         started = time.monotonic()
         controller = make_controller(name, context)
         if getattr(controller, "choice", None) is not None:

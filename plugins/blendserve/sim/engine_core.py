@@ -13,7 +13,7 @@ from collections import deque
 
 import numpy as np
 
-from blendserve.admission import AdmissionController, EngineState
+from blendserve.scheduling.admission import AdmissionController, EngineState
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.sim.budget import token_budget

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from blendserve.admission import AdmissionController
+from blendserve.scheduling.admission import AdmissionController
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.sim.engine_core import EngineCore

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from blendserve.admission import EngineState
+from blendserve.scheduling.admission import EngineState
 from blendserve.costmodel import kv_tokens_read
-from blendserve.planner.dual_scan import LEFT, RIGHT, DualScanController, ScanItems, item_work
+from blendserve.planner.items import ScanItems, item_work
+from blendserve.scheduling.dual_scan import LEFT, RIGHT, DualScanController
 
 
 def projected_peak(current: np.ndarray, remaining: np.ndarray, horizon: float = np.inf) -> float:

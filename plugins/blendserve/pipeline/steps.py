@@ -13,20 +13,29 @@ import json
 import logging
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from blendserve import parts, storage, store
-from blendserve.progress import Progress, phase
+from blendserve import files
 from blendserve.config import RunConfig
-from blendserve.storage import StoragePath
-
-if TYPE_CHECKING:
-    from blendserve.planning import ShardPlan
+from blendserve.engines import close_all, engine_session, keep_engines
+from blendserve.engines.common import TIMELINE_KEYS
+from blendserve.files import StoragePath
+from blendserve.ingest import ingest
+from blendserve.ingest.normalize import Limits
+from blendserve.ingest.tokenize import PromptTokenizer
+from blendserve.pipeline import database, parts
+from blendserve.pipeline.plan import load_inputs, plan_rows
+from blendserve.pipeline.shard import ShardWork, plan_shard
+from blendserve.progress import Progress, phase
+from blendserve.report.build import build_report
+from blendserve.report.explain import explain_plan
+from blendserve.scheduling.admission import Delegating, EngineState
+from blendserve.validation import check_outputs, check_requests, raise_on_failure
 
 log = logging.getLogger(__name__)
+ADMITTED_FILE = "admitted.parquet"  # per shard: the order its requests were admitted in (the order that ran)
 
 
 class InjectedFault(RuntimeError):
@@ -34,47 +43,39 @@ class InjectedFault(RuntimeError):
 
 
 def ingest_step(config: RunConfig) -> dict:
-    from blendserve.ingest import ingest
-    from blendserve.ingest.normalize import Limits
-    from blendserve.ingest.tokenize import PromptTokenizer
-
     tokenizer = PromptTokenizer(config.model_path())
     limits = Limits(config.default_max_tokens, config.max_model_len, tokenizer.vocab_size)
     report = ingest(config.input, config.requests_path, config.rejects_path, tokenizer, limits,
                     config.storage_conn_id or None)
-    with store.connect(config.db) as con:
-        store.start_run(con, config.run_id, config.to_json())
-        store.load_requests(con, config.run_id, config.requests_path, config.rejects_path)
-        store.put_metrics(con, config.run_id, {"ingest_read": report.read, "ingest_accepted": report.accepted,
+    with database.connect(config.db) as con:
+        database.start_run(con, config.run_id, config.to_json())
+        database.load_requests(con, config.run_id, config.requests_path, config.rejects_path)
+        database.put_metrics(con, config.run_id, {"ingest_read": report.read, "ingest_accepted": report.accepted,
                                                "ingest_rejected": report.rejected})
     return asdict(report)
 
 
 def validate_input_step(config: RunConfig) -> dict:
     """great-expectations on the accepted requests; fails the step, naming the checks, if any fails."""
-    from blendserve.validation import check_requests, raise_on_failure
-
-    with store.connect(config.db) as con:
+    with database.connect(config.db) as con:
         counts = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = ? AND name LIKE 'ingest_%'",
                                   [config.run_id]).fetchall())
         results = check_requests(con, config.run_id, config.max_model_len,
                                  int(counts["ingest_read"]), int(counts["ingest_rejected"]))
-        store.put_validation(con, config.run_id, results)
+        database.put_validation(con, config.run_id, results)
     raise_on_failure(results)
     return {"checks": len(results)}
 
 
 def plan_step(config: RunConfig) -> list[int]:
     """Order the requests with the configured policy, cut the order into shards, write plan.parquet."""
-    from blendserve.planning import load_inputs, plan_rows
-
     with phase(f"plan ({config.policy})"):
         rows = plan_rows(config, load_inputs(config))
-    storage.atomic_write_parquet(rows, config.plan_path)
+    files.atomic_write_parquet(rows, config.plan_path)
     saved = rows.num_rows - pc.sum(pc.equal(rows.column("request_id"), rows.column("answered_by")), min_count=0).as_py()
-    with store.connect(config.db) as con:
-        store.put_plan(con, config.run_id, config.plan_path)
-        store.put_metrics(con, config.run_id, {"dedupe_saved": saved})  # inferences identical requests did not need
+    with database.connect(config.db) as con:
+        database.put_plan(con, config.run_id, config.plan_path)
+        database.put_metrics(con, config.run_id, {"dedupe_saved": saved})  # inferences identical requests did not need
     log.info("plan: %d requests, policy %s, %d shards, %d duplicates answered by a twin",
              rows.num_rows, config.policy, config.shards, saved)
     return list(range(config.shards))
@@ -83,8 +84,6 @@ def plan_step(config: RunConfig) -> list[int]:
 def explain_step(config: RunConfig) -> str:
     """Predicted time, GPU-hours and throughput of every policy (stored as predicted_* metrics),
     on the estimates the shards' warm-up samples gave: run it after ``load_step``."""
-    from blendserve.report.explain import explain_plan
-
     text = explain_plan(config)
     log.info("plan explained:\n%s", text)
     return text
@@ -92,45 +91,55 @@ def explain_step(config: RunConfig) -> str:
 
 def report_step(config: RunConfig) -> str:
     """The run report (Markdown + PNG plots) beside the DuckDB file."""
-    from blendserve.report.build import build_report
-
     path = build_report(config.db, config.run_id)
     log.info("run report: %s", path)
     return str(path)
 
 
 def infer_shard(config: RunConfig, shard: int, keep_engine: bool = False) -> dict:
-    """Serve one shard: its warm-up sample first, then the rest re-planned on the sample's lengths
-    (``planning.shard_plan``). Resumes after the committed part files. The engine stops at the end
+    """Serve one shard: its warm-up sample first, then the rest ordered on the sample's lengths
+    (``pipeline.shard``). Resumes after the committed part files. The engine stops at the end
     unless ``keep_engine`` (the next shard in this process reuses it)."""
-    from blendserve.planning import shard_plan
-
-    plan = storage.read_parquet([config.plan_path]).filter(pc.equal(pc.field("shard"), shard)).sort_by("position")
+    # the plan lists each shard's rows in run order (a position, or none where the shard orders them)
+    plan = files.read_parquet([config.plan_path]).filter(pc.equal(pc.field("shard"), shard))
     # duplicates are not run: load_step copies their twin's answer
     runs = plan.filter(pc.equal(pc.field("request_id"), pc.field("answered_by"))).column("request_id").to_pylist()
     shard_dir = config.shard_dir(shard)
     done = parts.committed_lengths(shard_dir)
-    order = shard_plan(config, runs, done)
-    log.info("shard %d: %d requests to serve (%d already committed)", shard, len(order.todo), len(done))
-    summary = _serve(config, shard, order, keep_engine) if order.todo else {"shard": shard, "served": 0}
-    estimates = order.estimate_table()
+    work = plan_shard(config, runs, done)
+    log.info("shard %d: %d requests to serve (%d already committed)", shard, len(work.todo), len(done))
+    summary = _serve(config, shard, work, done, keep_engine) if work.todo else {"shard": shard, "served": 0}
+    estimates = work.estimate_table()
     if estimates is not None:  # the warm-up's estimates, stored by load_step
-        storage.atomic_write_parquet(estimates, shard_dir / "estimates.parquet")
-    del order
+        files.atomic_write_parquet(estimates, shard_dir / "estimates.parquet")
+    del work
     # the shard's token array sits in reference cycles (re-planner and controller, simulator and its proxy):
     # free it now, not at some later collection, before the next step in this process reads the requests again
     gc.collect()
     return summary
 
 
-def _serve(config: RunConfig, shard: int, order: "ShardPlan", keep_engine: bool) -> dict:
-    """Run ``order.todo`` on the engine in the order ``order.controller`` admits them (its indices are
-    positions in ``todo``), committing results to the shard's part files."""
-    from blendserve.engines import engine_session
+class AdmissionLog(Delegating):
+    """The controller's admissions, recorded in order: the order that ran."""
 
+    def __init__(self, controller) -> None:  # type: ignore[no-untyped-def]
+        self.controller = controller
+        self.admitted: list[int] = []  # engine indices, in admission order
+
+    def next_request(self, state: EngineState) -> int | None:
+        index = self.controller.next_request(state)
+        if index is not None:
+            self.admitted.append(index)
+        return index
+
+
+def _serve(config: RunConfig, shard: int, work: ShardWork, done: dict[str, int], keep_engine: bool) -> dict:
+    """Run ``work.todo`` on the engine in the order ``work.controller`` admits them (its indices are
+    positions in ``todo``), committing results to the shard's part files."""
     shard_dir = config.shard_dir(shard)
-    requests = order.engine_requests()
+    requests = work.engine_requests()
     writer = parts.PartWriter(shard_dir, config.run_id, shard, config.engine, config.part_rows)
+    admissions = AdmissionLog(work.controller)
 
     def on_result(result) -> None:
         writer.add(result)
@@ -139,49 +148,64 @@ def _serve(config: RunConfig, shard: int, order: "ShardPlan", keep_engine: bool)
 
     with engine_session(config, keep=keep_engine) as engine, Progress(f"shard {shard}", len(requests)) as progress:
         started = time.time()  # after the engine start: the run's wall counts serving, as the engine's own does
-        stats = engine.run(requests, order.controller, progress.wrap(on_result))
+        stats = engine.run(requests, admissions, progress.wrap(on_result))
         finished = time.time()
     writer.flush()
+    _write_admitted(shard_dir, done, [work.todo[i] for i in admissions.admitted])
     summary = {"shard": shard, "served": stats.requests, "errors": stats.errors, "wall_seconds": stats.wall_seconds,
                "started_at": started, "finished_at": finished,
                "prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
                "output_tokens": stats.output_tokens}
-    storage.atomic_write_bytes(json.dumps(summary).encode(), shard_dir / "stats.json")
+    files.atomic_write_bytes(json.dumps(summary).encode(), shard_dir / "stats.json")
     _write_timeline(stats.timeline, shard, shard_dir / "timeline.parquet")
     return summary
 
 
+def _write_admitted(shard_dir: StoragePath, done: dict[str, int], admitted: list[str]) -> None:
+    """``admitted.parquet``: the shard's requests in the order they were admitted, over all its tries.
+
+    Requests an earlier try committed come first, in the order that try
+    recorded (a try that failed recorded none: then their commit order).
+    """
+    path = shard_dir / ADMITTED_FILE
+    earlier = files.read_parquet([path]).column("request_id").to_pylist() if path.exists() else []
+    kept = [i for i in earlier if i in done]
+    listed = set(kept)
+    ids = kept + [i for i in done if i not in listed] + admitted
+    files.atomic_write_parquet(pa.table({"request_id": pa.array(ids, pa.string()),
+                                         "position": pa.array(range(len(ids)), pa.int32())}), path)
+
+
 def _write_timeline(rows: list[dict], shard: int, path: StoragePath) -> None:
     """The engine's per-interval statistics, for the run report (last attempt of the shard)."""
-    from blendserve.engines.common import TIMELINE_KEYS
-
     columns = {key: pa.array([row.get(key) for row in rows], pa.float64()) for key in TIMELINE_KEYS}
     table = pa.table({"shard": pa.array([shard] * len(rows), pa.int32()), **columns})
-    storage.atomic_write_parquet(table, path)
+    files.atomic_write_parquet(table, path)
 
 
 def load_step(config: RunConfig) -> dict:
     """Load every shard's part files into DuckDB, check one output per request."""
-    files = storage.list_parts(config.parts_dir, f"*/{parts.PART_GLOB}")
-    estimates = storage.list_parts(config.parts_dir, "shard-*/estimates.parquet")
-    with store.connect(config.db) as con:
-        inserted = store.load_outputs(con, config.run_id, files)
-        inserted += store.fan_out_duplicates(con, config.run_id)
+    part_files = files.list_parts(config.parts_dir, f"*/{parts.PART_GLOB}")
+    estimates = files.list_parts(config.parts_dir, "shard-*/estimates.parquet")
+    with database.connect(config.db) as con:
+        inserted = database.load_outputs(con, config.run_id, part_files)
+        inserted += database.fan_out_duplicates(con, config.run_id)
         if estimates:
-            store.put_samples(con, config.run_id, storage.read_parquet(estimates))
-        store.put_timeline(con, config.run_id, storage.list_parts(config.parts_dir, "*/timeline.parquet"))
+            database.put_samples(con, config.run_id, files.read_parquet(estimates))
+        database.put_timeline(con, config.run_id, files.list_parts(config.parts_dir, "*/timeline.parquet"))
+        database.put_positions(con, config.run_id, files.list_parts(config.parts_dir, f"shard-*/{ADMITTED_FILE}"))
         missing = con.execute(
             """SELECT count(*) FROM requests r ANTI JOIN outputs o USING (run_id, request_id)
                WHERE r.run_id = ?""", [config.run_id]).fetchone()[0]
         if missing:
             raise RuntimeError(f"{missing} accepted requests have no output; re-run the infer shards")
         metrics = _run_metrics(config)
-        store.put_metrics(con, config.run_id, metrics)
+        database.put_metrics(con, config.run_id, metrics)
     return {"inserted": inserted, **metrics}
 
 
 def _run_metrics(config: RunConfig) -> dict[str, float]:
-    shards = [json.loads(p.read_text()) for p in storage.list_parts(config.parts_dir, "shard-*/stats.json")]
+    shards = [json.loads(p.read_text()) for p in files.list_parts(config.parts_dir, "shard-*/stats.json")]
     wall = run_wall_seconds(shards, simulated=config.engine == "simulator")
     prompt = sum(s["prompt_tokens"] for s in shards)
     cached = sum(s["cached_prompt_tokens"] for s in shards)
@@ -209,18 +233,16 @@ def run_wall_seconds(shards: list[dict], simulated: bool = False) -> float:
 
 def validate_outputs_step(config: RunConfig) -> dict:
     """great-expectations on the outputs: exactly one per accepted request, sane values."""
-    from blendserve.validation import check_outputs, raise_on_failure
-
-    with store.connect(config.db) as con:
+    with database.connect(config.db) as con:
         results = check_outputs(con, config.run_id, config.max_model_len)
-        store.put_validation(con, config.run_id, results)
-        store.finish_run(con, config.run_id, "finished" if all(r.success for r in results) else "failed")
+        database.put_validation(con, config.run_id, results)
+        database.finish_run(con, config.run_id, "finished" if all(r.success for r in results) else "failed")
     raise_on_failure(results)
     return {"checks": len(results)}
 
 
 def summary(config: RunConfig) -> dict:
-    with store.connect(config.db, read_only=True) as con:
+    with database.connect(config.db, read_only=True) as con:
         row = con.execute(
             """SELECT count(*), sum(num_prompt_tokens), sum(num_output_tokens), count(*) FILTER (status = 'error')
                FROM outputs WHERE run_id = ?""", [config.run_id]).fetchone()
@@ -250,15 +272,13 @@ def run_pipeline(config: RunConfig) -> dict:
 def mark_failed(config: RunConfig) -> None:
     """Set the run's status to failed, if it has a row; a locked or broken database only logs."""
     try:
-        with store.connect(config.db, wait_s=5) as con:
-            store.finish_run(con, config.run_id, "failed")
+        with database.connect(config.db, wait_s=5) as con:
+            database.finish_run(con, config.run_id, "failed")
     except Exception:  # the original error is the one to report
         log.warning("could not mark run %s failed in %s", config.run_id, config.db, exc_info=True)
 
 
 def _run_steps(config: RunConfig) -> dict:
-    from blendserve.engines import close_all, keep_engines
-
     ingest_step(config)
     validate_input_step(config)
     shards = plan_step(config)

@@ -9,12 +9,10 @@ the mix has density ``(M_L rho_L + M_R rho_R) / M``; setting that to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from blendserve.admission import EngineState
-from blendserve.costmodel import kv_tokens_read
+from blendserve.planner.items import ScanItems, item_work
+from blendserve.scheduling.admission import EngineState
 
 LEFT, RIGHT = 0, 1
 
@@ -34,21 +32,10 @@ def memory_split(capacity: float, rho_t: float, rho_l: float, rho_r: float) -> t
     return m_left, capacity - m_left
 
 
-@dataclass
-class ScanItems:
-    requests: np.ndarray  # (k,) batch index of each item, in the planned left-to-right order
-    group: np.ndarray  # (k,) leaf group of each item; non-decreasing
-    group_density: np.ndarray  # (G,) density of each group
-    kv_charge: np.ndarray  # (k,) estimated peak KV of each item in tokens: p + estimated d
-    target_density: float  # rho_t: density of the whole job (the tree's root)
-    output_est: np.ndarray | None = None  # (k,) estimated d of each item; enables run-time correction
-    shared_prompt: np.ndarray | None = None  # (k,) prompt tokens shared with the previous item (cached once)
-
-
 class DualScanController:
     """Admission by dual scan: keeps each side's in-flight estimated KV within its share.
 
-    Implements ``blendserve.admission.AdmissionController``, so the same
+    Implements ``blendserve.scheduling.admission.AdmissionController``, so the same
     object drives the simulator and a real engine step by step. Each
     in-flight request remembers its side and charge: a later run-time
     correction (an overrun charged to the right side, an early finish
@@ -176,16 +163,6 @@ def _estimate_lookup(items: ScanItems) -> np.ndarray | None:
     table = np.full(int(items.requests.max(initial=-1)) + 1, np.nan)
     table[items.requests] = items.output_est
     return table
-
-
-def item_work(items: ScanItems) -> tuple[np.ndarray, np.ndarray]:
-    """(compute, KV reads) of each item in tokens: its prompt less the prefix shared with the previous item
-    plus its estimated output, and the KV its decode reads (``kv_tokens_read``, as ``CostModel.mem_time``).
-    """
-    d = np.zeros(len(items.requests)) if items.output_est is None else items.output_est.astype(np.float64)
-    prompt = np.maximum(items.kv_charge - d, 0.0)
-    shared = np.zeros_like(prompt) if items.shared_prompt is None else items.shared_prompt
-    return np.maximum(prompt - shared, 0.0) + d, kv_tokens_read(prompt, d)
 
 
 def static_dual_scan_order(items: ScanItems, lead: float = 0.05) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blendserve.planner.dual_scan import ScanItems, item_work
+from blendserve.planner.items import ScanItems, item_work
 from blendserve.planner.prefix_tree import PrefixTree
 
 
@@ -127,10 +127,3 @@ def _unit_longest(items: ScanItems, first: np.ndarray) -> np.ndarray:
     if items.output_est is None or len(first) == 0:
         return np.zeros(len(first))
     return np.maximum.reduceat(items.output_est.astype(np.float64), first)
-
-
-def spread_order(tree: PrefixTree, items: ScanItems, width: float = 0.1, lead: float = 0.05,
-                 keep_sharing: float = 0.995, hot_fraction: float = 0.01) -> np.ndarray:
-    """Item positions in stratified-blend order (units contiguous, in leaf order inside each stratum)."""
-    cuts = unit_cuts(tree, items, keep_sharing, hot_fraction)
-    return np.argsort(spread_keys(items, cuts, width, lead), kind="stable")

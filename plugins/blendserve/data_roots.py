@@ -14,7 +14,7 @@ import glob
 import os
 from pathlib import Path
 
-from blendserve import storage
+from blendserve import files
 from blendserve.config import ConfigError
 from blendserve.model_prep import REPO_ROOT
 
@@ -28,8 +28,8 @@ class PathOutsideRoots(ConfigError):
 
 def data_roots() -> list[Root]:
     configured = os.environ.get("BLENDSERVE_DATA_ROOTS")
-    roots = storage.parse_roots(configured) if configured else [str(REPO_ROOT / "data"), str(REPO_ROOT / "out")]
-    return [r if storage.is_remote(r) else Path(r).resolve() for r in roots]
+    roots = files.parse_roots(configured) if configured else [str(REPO_ROOT / "data"), str(REPO_ROOT / "out")]
+    return [r if files.is_remote(r) else Path(r).resolve() for r in roots]
 
 
 def resolve_in_roots(path: str, what: str, roots: list[Root] | None = None) -> str:
@@ -42,11 +42,11 @@ def resolve_in_roots(path: str, what: str, roots: list[Root] | None = None) -> s
     roots = roots or data_roots()
     if glob.has_magic(path) and what not in READ_PATTERNS:
         raise ConfigError(f"{what} {path!r} has a wildcard (* ? [): it is written to, so it must name one place")
-    if storage.is_remote(path):
-        if not storage.in_roots(path, [str(r) for r in roots]):
+    if files.is_remote(path):
+        if not files.in_roots(path, [str(r) for r in roots]):
             raise PathOutsideRoots(f"{what} {path!r} is outside the data roots ({_listed(roots)})")
         return path
-    local = [Path(r) for r in roots if not storage.is_remote(r)]
+    local = [Path(r) for r in roots if not files.is_remote(r)]
     candidate = Path(path) if os.path.isabs(path) else REPO_ROOT / path
     fixed = _fixed_part(candidate)
     resolved = _inside(fixed, local, f"{what} {path!r}", roots)

@@ -16,11 +16,11 @@ from typing import Callable
 
 import numpy as np
 
-from blendserve.admission import AdmissionController, EngineState, StaticOrder
+from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.planner.prefix_tree import PrefixTree
-from blendserve.policies import PolicyContext, make_controller
+from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.sampling.estimator import estimate_outputs
 
 # (requests still to run, sampled requests, their observed lengths) -> a controller whose
@@ -29,7 +29,7 @@ RestPlanner = Callable[[np.ndarray, np.ndarray, np.ndarray], AdmissionController
 
 
 class WarmupController:
-    """Implements ``blendserve.admission.AdmissionController`` over the whole batch."""
+    """Implements ``blendserve.scheduling.admission.AdmissionController`` over the whole batch."""
 
     def __init__(self, sampled: np.ndarray, others: np.ndarray, plan: RestPlanner, seed: int = 0) -> None:
         self.sampled = np.asarray(sampled, dtype=np.int64)
@@ -101,7 +101,6 @@ def warmup_controller(
     Duplicates of sampled inferences must already be out of ``batch``
     (``split_warmup(...).fanned``): their answer is the sample's.
     """
-    import blendserve.planner  # noqa: F401  (registers the planner's policies)
 
     others = np.setdiff1d(np.arange(len(batch)), sampled)
 

@@ -1,4 +1,4 @@
-"""Synthetic request batches with a known prefix structure, for planner tests and the scale benchmark.
+"""Synthetic request batches with a known prefix structure, for the planner tests and the scale benchmarks.
 
 Requests fall into families that share a prefix (a few-shot block, a system
 prompt) followed by a private suffix; a family is either compute-heavy

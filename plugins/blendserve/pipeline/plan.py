@@ -1,8 +1,10 @@
-"""The BlendServe plan: tree, sort and split, dual scan, shards; and its Parquet file.
+"""The plan step's library: the run's requests as the planner sees them, the plan, and the plan file.
 
-``build_plan`` runs the stages in order and times each; ``write_plan`` and
-``read_plan`` keep one row per request (duplicates included, pointing at the
-request whose inference answers them), which is what the shard tasks run.
+``build_plan`` runs the tree side (prefix tree, sort and split, groups, the
+dual scan's static list, shards) and times each stage. ``plan_rows`` is what
+the plan step writes: each request's shard, and its position only where the
+shard will run that position (policies that order on output lengths order
+their shard's requests when it runs: ``pipeline.shard``).
 """
 
 from __future__ import annotations
@@ -15,19 +17,28 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from blendserve.batch import RequestBatch
-from blendserve.costmodel import CostModel
-from blendserve.planner.dual_scan import ScanItems, static_dual_scan_order
+from blendserve import files
+from blendserve.batch import RequestBatch, read_batch
+from blendserve.config import RunConfig
+from blendserve.costmodel import CostModel, get_hardware
+from blendserve.costmodel.model_spec import from_hf_config
+from blendserve.engines.sim_engine import simulator_setup
+from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.groups import LeafGroups, leaf_groups
+from blendserve.planner.items import ScanItems, ordered_leaves, scan_items
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
 from blendserve.planner.shards import Shards, cut_shards
-from blendserve.planner.sort_split import SplitResult, dfs_order, order_sharing, split
+from blendserve.planner.sort_split import SplitResult, order_sharing
+from blendserve.scheduling.admission import StaticOrder
+from blendserve.scheduling.dual_scan import static_dual_scan_order
+from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
+from blendserve.sim import kv_capacity_tokens
 
 PLAN_SCHEMA = pa.schema(
     [
         pa.field("request_id", pa.string(), nullable=False),
         pa.field("shard", pa.int32(), nullable=False),  # data-parallel rank that runs it
-        pa.field("position", pa.int32(), nullable=False),  # admission order inside the shard
+        pa.field("position", pa.int32()),  # admission order inside the shard; null where the shard decides it
         pa.field("leaf_group", pa.int32(), nullable=False),  # group in the density-ordered leaf list
         pa.field("side", pa.int8(), nullable=False),  # 0: taken by the left (compute) cursor, 1: right
         pa.field("prompt_tokens", pa.int32(), nullable=False),
@@ -55,56 +66,6 @@ class Plan:
     @property
     def target_density(self) -> float:
         return self.items.target_density
-
-
-def ordered_leaves(
-    tree: PrefixTree, cost_model: CostModel, keep_sharing: float = 0.99, with_split: bool = True
-) -> tuple[np.ndarray, SplitResult | None]:
-    """Leaves in BlendServe order: layer-wise sorted by density, then (optionally) split."""
-    if not with_split:
-        return dfs_order(tree, tree.stats.density)[0], None
-    result = split(tree, cost_model, keep_sharing=keep_sharing)
-    return result.leaf_order, result
-
-
-def requests_along(tree: PrefixTree, leaf_order: np.ndarray, with_duplicates: bool) -> np.ndarray:
-    """Request indices along ``leaf_order``: each leaf's representative, then (optionally) its duplicates."""
-    if not with_duplicates:
-        return tree.leaf_request[leaf_order]
-    leaf_position = np.empty(tree.n_leaves, dtype=np.int64)
-    leaf_position[leaf_order] = np.arange(len(leaf_order))
-    n = len(tree.request_leaf)
-    is_rep = np.zeros(n, dtype=bool)
-    is_rep[tree.leaf_request] = True
-    return np.lexsort((np.arange(n), ~is_rep, leaf_position[tree.request_leaf]))
-
-
-def scan_items(
-    batch: RequestBatch, tree: PrefixTree, leaf_order: np.ndarray, groups: LeafGroups, with_duplicates: bool
-) -> ScanItems:
-    """Dual-scan items along ``leaf_order``: each leaf's representative, then (optionally) its duplicates.
-
-    An engine that fans results out runs only representatives; one that
-    takes every request (the policy registry) gets duplicates right after
-    their twin, where the prefix cache serves their prompt.
-    """
-    leaf_position = np.empty(tree.n_leaves, dtype=np.int64)
-    leaf_position[leaf_order] = np.arange(len(leaf_order))
-    requests = requests_along(tree, leaf_order, with_duplicates)
-    leaf = tree.request_leaf[requests]
-    charge = (tree.prompt_len[leaf] + tree.output_est[leaf]).astype(np.float64)
-    shared = np.zeros(len(leaf), dtype=np.float64)
-    if len(leaf) > 1:  # a duplicate shares its twin's whole prompt (same leaf: LCP is the prompt)
-        shared[1:] = tree.leaf_pair_lcp(leaf[:-1], leaf[1:])
-    return ScanItems(
-        requests=requests.astype(np.int64),
-        group=groups.of_position[leaf_position[leaf]],
-        group_density=groups.density,
-        kv_charge=charge,
-        target_density=float(tree.stats.density[0]),
-        output_est=tree.output_est[leaf].astype(np.float64),
-        shared_prompt=shared,
-    )
 
 
 def build_plan(
@@ -223,18 +184,99 @@ def read_plan(path: str | Path) -> pa.Table:
     return pq.read_table(path, schema=PLAN_SCHEMA)
 
 
-def fan_out(plan_rows: pa.Table, results: pa.Table) -> pa.Table:
-    """Results for every planned request: each duplicate gets a copy of its twin's row, under its own id.
+def cost_model_for(config: RunConfig) -> CostModel:
+    """The simulator engine's model and GPU; for real engines, the model's own shapes and the
+    configured hardware profile (on a CPU the profile is nominal: the order depends on density
+    ratios, which any profile scales alike)."""
+    if config.engine == "simulator":
+        return simulator_setup(config)[0]
+    return CostModel(from_hf_config(config.model_path() / "config.json"), get_hardware(config.hardware))
 
-    ``results`` has one row per inference run (keyed by ``request_id``);
-    rows of requests that were not run are built from their answering one.
+
+def kv_capacity_for(config: RunConfig, cost: CostModel) -> int:
+    """M of the dual scan, in tokens: what the engine that runs the plan can hold."""
+    if config.engine == "simulator":
+        return kv_capacity_tokens(cost, simulator_setup(config)[1])
+    return int(config.kv_cache_gb * 2**30 // cost.model.kv_bytes_per_token)
+
+
+SAMPLING_COLUMNS = ["temperature", "top_p", "seed", "stop_json"]  # beside the batch: what an engine request needs
+
+
+def sampling_keys(batch: RequestBatch, sampling: pa.Table) -> np.ndarray:
+    """int64 per request: equal keys (and equal tokens) mean one inference answers both.
+    Only deterministic requests (greedy, or sampled with a fixed seed) can share an answer."""
+    columns = [batch.max_tokens.tolist()] + [sampling.column(c).to_pylist() for c in SAMPLING_COLUMNS]
+    keys = np.empty(len(batch), dtype=np.int64)
+    for i, (max_tokens, temperature, top_p, seed, stop) in enumerate(zip(*columns)):
+        deterministic = temperature == 0 or seed is not None
+        identity = (max_tokens, round(temperature, 6), round(top_p, 6), seed, stop) if deterministic else ("row", i)
+        keys[i] = hash(identity) & 0x7FFF_FFFF_FFFF_FFFF
+    return keys
+
+
+@dataclass
+class Inputs:
+    batch: RequestBatch  # requests.parquet's rows
+    sampling: pa.Table  # their SAMPLING_COLUMNS, same order
+    keys: np.ndarray  # sampling keys (dedupe)
+    cost: CostModel
+    kv_capacity: int  # tokens
+
+
+def read_requests(config: RunConfig, request_ids: list[str] | None = None) -> tuple[RequestBatch, pa.Table]:
+    """The run's accepted requests (requests.parquet) as a batch and their SAMPLING_COLUMNS, in file order;
+    only ``request_ids``' rows when given (one shard's). Only the columns the planner and engines use are read."""
+    return read_batch(files.parquet_dataset([config.requests_path]), SAMPLING_COLUMNS, request_ids)
+
+
+def load_inputs(config: RunConfig, requests: tuple[RequestBatch, pa.Table] | None = None) -> Inputs:
+    """The planner's view of ``requests`` (``read_requests``'s; default: every accepted request of the run)."""
+    batch, sampling = read_requests(config) if requests is None else requests
+    cost = cost_model_for(config)
+    return Inputs(batch, sampling, sampling_keys(batch, sampling), cost, kv_capacity_for(config, cost))
+
+
+PLAN_COLUMNS = ["request_id", "shard", "position", "est_output_tokens", "answered_by"]  # what the plan step writes
+
+
+def plan_rows(config: RunConfig, inputs: Inputs) -> pa.Table:
+    """One row per accepted request, in run order inside each shard: its shard, its position where
+    the plan decides it, and the request whose result it takes.
+
+    Planned on what is known before anything runs (a known length, else
+    ``max_tokens``): good enough to cut balanced shards of whole subtrees.
+    A policy that orders on output lengths orders each shard's requests when
+    the shard runs (``pipeline.shard``), so its rows carry no position: the
+    shard records the order that ran (``admitted.parquet``), and ``load_step``
+    puts it in DuckDB's ``plan.position``.
     """
-    ran = results.column("request_id").to_pylist()
-    row_of = {rid: i for i, rid in enumerate(ran)}
-    wanted = plan_rows.column("request_id").to_pylist()
-    source = plan_rows.column("answered_by").to_pylist()
-    missing = [s for s in source if s not in row_of]
-    if missing:
-        raise KeyError(f"{len(missing)} planned requests have no result for their answering request, e.g. {missing[0]!r}")
-    out = results.take(pa.array([row_of[s] for s in source], pa.int64()))
-    return out.set_column(out.schema.get_field_index("request_id"), "request_id", pa.array(wanted, pa.string()))
+    batch = inputs.batch
+    estimates = default_output_estimates(batch)
+    policy = get_policy(config.policy)
+    if policy.tree_shards:
+        plan = build_plan(batch, inputs.cost, output_estimates=estimates, sampling_keys=inputs.keys,
+                          shards=config.shards, keep_sharing=config.keep_sharing,
+                          with_split=config.policy != "blendserve-nosplit")
+        table = plan_table(plan, batch, inputs.cost).select(PLAN_COLUMNS)
+    else:
+        table = _ordered_rows(config, inputs, estimates)
+    if policy.needs_estimates:
+        table = table.set_column(table.schema.get_field_index("position"), "position",
+                                 pa.nulls(table.num_rows, pa.int32()))
+    return table
+
+
+def _ordered_rows(config: RunConfig, inputs: Inputs, estimates: np.ndarray) -> pa.Table:
+    """Baselines (fcfs, dfs, balance, density): the policy's order cut into equal contiguous shards."""
+    batch = inputs.batch
+    controller = make_controller(config.policy, PolicyContext(batch, estimates, inputs.cost, inputs.kv_capacity))
+    if not isinstance(controller, StaticOrder):
+        raise ValueError(f"policy {config.policy!r} admits at run time; plan it with build_plan")
+    order = controller.order
+    cuts = np.linspace(0, len(order), config.shards + 1).astype(int)
+    shard = np.repeat(np.arange(config.shards), np.diff(cuts))
+    position = np.arange(len(order)) - cuts[shard]
+    ids = batch.request_ids[order].tolist()
+    return pa.table({"request_id": ids, "shard": shard.astype(np.int32), "position": position.astype(np.int32),
+                     "est_output_tokens": estimates[order].astype(np.int32), "answered_by": ids})

@@ -3,12 +3,14 @@
 Engines (the simulator, vLLM streaming, transformers) ask a controller at each
 step for the next request while they have room; the controller hears back when
 requests progress and finish. A static order is the simplest controller; the
-dual scan (``blendserve.planner``) is the BlendServe one.
+dual scan (``scheduling.dual_scan_projected``) is the BlendServe one. Engines that
+take one whole list (vLLM's static mode) get a controller's order from ``planned_order``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import heapq
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -61,3 +63,46 @@ class StaticOrder:
 
     def remaining(self) -> int:
         return len(self.order) - self.cursor
+
+
+class Delegating:
+    """A controller that hands every call to ``self.controller`` (set by the subclass)."""
+
+    controller: AdmissionController
+
+    def next_request(self, state: EngineState) -> int | None:
+        return self.controller.next_request(state)
+
+    def on_progress(self, index: int, output_tokens: int) -> None:
+        self.controller.on_progress(index, output_tokens)
+
+    def on_finish(self, index: int, output_tokens: int) -> None:
+        self.controller.on_finish(index, output_tokens)
+
+    def remaining(self) -> int:
+        return self.controller.remaining()
+
+
+def planned_order(controller: AdmissionController, estimates: Sequence[int], kv_total_tokens: int = 0) -> list[int]:
+    """Every index the controller admits, in its order, for engines that take one list (static mode).
+
+    The controller runs against a crude clock: an admitted request holds its
+    place for its estimated output length (``estimates[index]``), and time
+    jumps to the earliest finish whenever the controller admits nothing. Only
+    the order of finishes matters.
+    """
+    order: list[int] = []
+    holding: list[tuple[int, int]] = []  # (finish time, index)
+    now = 0
+    while controller.remaining():
+        state = EngineState(running=len(holding), waiting=0, kv_used_tokens=0, kv_total_tokens=kv_total_tokens)
+        index = controller.next_request(state)
+        if index is None:
+            if not holding:
+                raise RuntimeError("admission controller admits nothing while nothing is running")
+            now, done = heapq.heappop(holding)
+            controller.on_finish(done, int(estimates[done]))
+            continue
+        order.append(index)
+        heapq.heappush(holding, (now + int(estimates[index]), index))
+    return order

@@ -1,7 +1,7 @@
 """Shard part files: how a shard commits results so a retry can resume.
 
 Results are buffered and written every ``part_rows`` rows as one Parquet file,
-atomically (``blendserve.storage``: rename on disk, one put in object storage):
+atomically (``blendserve.files``: rename on disk, one put in object storage):
 a file either holds a whole committed batch or does not exist. A crash loses at
 most the uncommitted batch.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from blendserve import storage
+from blendserve import files
 from blendserve.engines.base import EngineResult
 from blendserve.schema import RESULT_SCHEMA
-from blendserve.storage import StoragePath
+from blendserve.files import StoragePath
 
 PART_GLOB = "part-*.parquet"
 
@@ -24,8 +24,8 @@ def committed_lengths(shard_dir: StoragePath) -> dict[str, int]:
     The keys are what a retry skips; the lengths are what the shard's warm-up
     sample already taught, so a resumed shard plans as the first try did.
     """
-    files = storage.list_parts(shard_dir, PART_GLOB)
-    table = storage.read_parquet(files, columns=["request_id", "num_output_tokens"], schema=RESULT_SCHEMA)
+    committed = files.list_parts(shard_dir, PART_GLOB)
+    table = files.read_parquet(committed, columns=["request_id", "num_output_tokens"], schema=RESULT_SCHEMA)
     return {i: n or 0 for i, n in zip(table.column("request_id").to_pylist(),
                                       table.column("num_output_tokens").to_pylist())}
 
@@ -33,9 +33,9 @@ def committed_lengths(shard_dir: StoragePath) -> dict[str, int]:
 class PartWriter:
     def __init__(self, shard_dir: StoragePath, run_id: str, shard: int, engine: str, part_rows: int) -> None:
         self.dir, self.run_id, self.shard, self.engine, self.part_rows = shard_dir, run_id, shard, engine, part_rows
-        storage.ensure_dir(self.dir)
+        files.ensure_dir(self.dir)
         self.buffer: list[dict] = []
-        self.next_part = len(storage.list_parts(shard_dir, PART_GLOB))
+        self.next_part = len(files.list_parts(shard_dir, PART_GLOB))
         self.committed = 0  # rows committed by this writer
 
     def add(self, result: EngineResult) -> None:
@@ -51,7 +51,7 @@ class PartWriter:
         table = pa.Table.from_pylist(self.buffer, schema=RESULT_SCHEMA)
         while True:
             try:
-                storage.atomic_write_parquet(table, self.dir / f"part-{self.next_part:05d}.parquet", overwrite=False)
+                files.atomic_write_parquet(table, self.dir / f"part-{self.next_part:05d}.parquet", overwrite=False)
                 break
             except FileExistsError:  # another attempt wrote this number: never overwrite a commit
                 self.next_part += 1

@@ -245,7 +245,7 @@ def parse_roots(value: str) -> list[str]:
 def in_roots(url: str, roots: Sequence[str]) -> bool:
     """Whether a remote ``url`` lies inside one of the remote ``roots`` (same scheme and prefix).
 
-    Local paths are for ``blendserve.paths.resolve_in_roots``, which also follows symlinks.
+    Local paths are for ``blendserve.data_roots.resolve_in_roots``, which also follows symlinks.
     ``..`` in a URL is refused outright: object stores do not normalise it, readers might.
     """
     if not is_remote(url) or "/../" in f"{url}/" or "/./" in f"{url}/":

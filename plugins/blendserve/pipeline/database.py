@@ -21,9 +21,9 @@ from pathlib import Path
 
 import duckdb
 
-from blendserve import storage
+from blendserve import files
 from blendserve.model_prep import REPO_ROOT
-from blendserve.storage import PathLike
+from blendserve.files import PathLike
 
 SQL_DIR = REPO_ROOT / "sql"
 log = logging.getLogger(__name__)
@@ -87,11 +87,11 @@ def _describe_holder(match: re.Match) -> str:
 def _parquet(con: duckdb.DuckDBPyConnection, paths: Sequence[PathLike]) -> Iterator[str]:
     """What to select FROM for these Parquet files. DuckDB reads local files itself; object
     storage comes through Arrow with the run's own credentials (DuckDB's httpfs would need its own)."""
-    if not any(storage.is_remote(p) for p in paths):
+    if not any(files.is_remote(p) for p in paths):
         yield "read_parquet([" + ", ".join(_sql_file_name(p) for p in paths) + "])"
         return
     name = f"parquet_{uuid.uuid4().hex}"
-    con.register(name, storage.parquet_dataset(paths))  # scanned in batches, never whole in memory
+    con.register(name, files.parquet_dataset(paths))  # scanned in batches, never whole in memory
     try:
         yield name
     finally:
@@ -182,6 +182,15 @@ def put_plan(con: duckdb.DuckDBPyConnection, run_id: str, plan_path: PathLike) -
                         FROM {source}""", [run_id])
 
 
+def put_positions(con: duckdb.DuckDBPyConnection, run_id: str, admitted: Sequence[PathLike]) -> None:
+    """``plan.position`` becomes the order each shard admitted its requests in (a duplicate takes its twin's)."""
+    if not admitted:
+        return
+    with _parquet(con, admitted) as source:
+        con.execute(f"""UPDATE plan SET position = a.position FROM {source} a
+                        WHERE plan.run_id = ? AND a.request_id = plan.answered_by""", [run_id])
+
+
 def put_samples(con: duckdb.DuckDBPyConnection, run_id: str, estimates) -> None:
     """Per inference output-length estimates from the shards' warm-up samples (``sampling.estimate_table``).
 
@@ -212,9 +221,9 @@ def fan_out_duplicates(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
     return count_outputs(con, run_id) - before
 
 
-def put_timeline(con: duckdb.DuckDBPyConnection, run_id: str, files: Sequence[PathLike]) -> None:
+def put_timeline(con: duckdb.DuckDBPyConnection, run_id: str, timelines: Sequence[PathLike]) -> None:
     """Engine statistics per interval and shard (re-loading a run replaces them)."""
     con.execute("DELETE FROM engine_timeline WHERE run_id = ?", [run_id])
-    if files:
-        with _parquet(con, files) as source:
+    if timelines:
+        with _parquet(con, timelines) as source:
             con.execute(f"INSERT INTO engine_timeline SELECT ?, * FROM {source}", [run_id])

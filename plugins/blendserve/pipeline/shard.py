@@ -1,0 +1,130 @@
+"""One shard's work: which of its requests are still to serve, and the order they are admitted in.
+
+Policies that order on output lengths (``Policy.needs_estimates``) order the
+shard's own requests here, when it runs. With a warm-up, the shard's sample
+runs first inside the same engine run (``scheduling.warmup``), not as a task
+of its own: a separate task would start and stop one more engine (about 50 s
+on vLLM-CPU, most of a small job), and shards are whole prefix subtrees, so a
+shard's own sample is the subtree sample the paper draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from blendserve.batch import RequestBatch
+from blendserve.config import RunConfig
+from blendserve.engines.base import BatchRequests
+from blendserve.pipeline.plan import load_inputs, read_requests
+from blendserve.planner.estimates import default_output_estimates
+from blendserve.planner.prefix_tree import build_prefix_tree
+from blendserve.sampling import Estimates, estimate_outputs, estimate_table, select_samples
+from blendserve.scheduling.admission import AdmissionController, StaticOrder
+from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
+from blendserve.scheduling.warmup import WarmupController
+
+
+def learns_lengths(config: RunConfig) -> bool:
+    """Whether shards run a warm-up sample: the policy uses lengths, and the engine reports them as it goes
+    (vLLM's static mode plans the whole list before the first token, so it cannot learn)."""
+    static = config.engine == "vllm" and config.extra.get("vllm_mode", "stream") == "static"
+    return config.sample_rate > 0 and get_policy(config.policy).needs_estimates and not static
+
+
+@dataclass
+class ShardWork:
+    requests: tuple[RequestBatch, pa.Table]  # the shard's rows (``read_requests``), read once for its plan and engine
+    todo: list[str]  # request ids still to serve; the engine's request indices are positions here
+    controller: AdmissionController  # the policy's admission, after the warm-up sample when there is one
+    scheduler: "ShardScheduler | None" = None  # the shard's sample, estimates and policy (None: the plan's order)
+
+    def engine_requests(self) -> BatchRequests:
+        """``todo``'s requests in its order, over the shard's token array (no token copied)."""
+        batch, sampling = self.requests
+        position = {i: b for b, i in enumerate(batch.request_ids.tolist())}
+        rows = np.array([position[i] for i in self.todo], dtype=np.int64)
+        return BatchRequests(batch.take(rows), sampling.take(pa.array(rows)))
+
+    def estimate_table(self) -> pa.Table | None:
+        """Per inference of the shard after its run: estimate, high quantile, source, observed length."""
+        return None if self.scheduler is None else self.scheduler.table()
+
+
+def plan_shard(config: RunConfig, runs: list[str], done: dict[str, int]) -> ShardWork:
+    """How one shard serves ``runs`` (its inferences, in plan order), ``done`` (committed: id -> tokens) left out.
+
+    Orders that depend on lengths are made again over the shard's own
+    requests, with the registry's policy: the admission the simulator
+    predicts is the one that runs. With a warm-up, the shard's sample runs
+    first and random fillers keep the engine busy meanwhile
+    (``scheduling.warmup.WarmupController``); once every sampled answer is back, the
+    policy orders the rest on the estimates. A retry counts the committed
+    answers: no sampled request runs twice. fcfs and balance keep the plan's
+    order, which is already theirs.
+    """
+    requests = read_requests(config, runs)
+    todo = [i for i in runs if i not in done]
+    if not get_policy(config.policy).needs_estimates or not runs:
+        return ShardWork(requests, todo, StaticOrder(np.arange(len(todo))))
+    scheduler = ShardScheduler(config, requests, done)
+    return ShardWork(requests, todo, scheduler.controller(todo), scheduler)
+
+
+class ShardScheduler:
+    """One shard's requests, their warm-up sample, the lengths learnt so far and the policy over them."""
+
+    def __init__(self, config: RunConfig, requests: pa.Table, done: dict[str, int]) -> None:
+        self.config = config
+        self.inputs = load_inputs(config, requests)
+        self.ids = self.inputs.batch.request_ids.astype(object)  # not str: numpy drops trailing NULs
+        self.learns = learns_lengths(config)
+        self.sampled = np.zeros(0, dtype=np.int64)  # batch indices of the warm-up sample
+        if self.learns:  # the sample and the estimator need the tree; the policy builds its own
+            self.tree = build_prefix_tree(self.inputs.batch, self.inputs.cost)
+            # Every subtree holding 1/16 of the shard gets a sample (up to the sampler's 100): in a small job
+            # a 1% draw alone can miss a whole kind of request and leave it with another kind's lengths.
+            min_subtree = max(2, min(100, len(self.ids) // 16))
+            self.sampled = select_samples(self.inputs.batch, self.tree, rate=config.sample_rate,
+                                          min_subtree=min_subtree, seed=0)
+        self.lengths = {int(b): done[self.ids[b]] for b in self.sampled if self.ids[b] in done}  # batch index -> tokens
+        self.todo_index = np.zeros(0, dtype=np.int64)  # batch index of each engine index
+        self.run: WarmupController | None = None  # the warm-up controller of this try's engine run
+
+    def controller(self, todo: list[str]) -> AdmissionController:
+        position = {i: b for b, i in enumerate(self.ids)}
+        self.todo_index = np.array([position[i] for i in todo], dtype=np.int64)
+        if not self.learns:
+            return self._policy(np.arange(len(todo)))
+        is_sample = np.isin(self.todo_index, self.sampled)
+        self.run = WarmupController(np.flatnonzero(is_sample), np.flatnonzero(~is_sample), self._replan)
+        return self.run
+
+    def _replan(self, rest: np.ndarray, sampled: np.ndarray, observed: np.ndarray) -> AdmissionController:
+        self.lengths.update(zip(self.todo_index[sampled].tolist(), np.asarray(observed).tolist()))
+        return self._policy(rest)
+
+    def _policy(self, rest: np.ndarray) -> AdmissionController:
+        """The policy over ``rest`` (engine indices; the controller's indices are positions in it)."""
+        rows = self.todo_index[rest]
+        batch = self.inputs.batch
+        estimates = self.estimates().mean if self.learns else default_output_estimates(batch)
+        context = PolicyContext(batch.take(rows), estimates[rows], self.inputs.cost, self.inputs.kv_capacity)
+        return make_controller(self.config.policy, context)
+
+    def estimates(self) -> Estimates:
+        sampled = np.array(sorted(self.lengths), dtype=np.int64)
+        observed = np.array([self.lengths[b] for b in sampled], dtype=np.int64)
+        return estimate_outputs(self.inputs.batch, self.tree, sampled, observed)
+
+    def table(self) -> pa.Table | None:
+        """The ``samples`` rows of this shard, with every sampled length observed so far (None: no warm-up)."""
+        if not self.learns:
+            return None
+        observed = self.run.observed if self.run is not None else {}  # engine index -> tokens
+        self.lengths.update({int(self.todo_index[e]): int(n) for e, n in observed.items()})
+        actual = np.full(len(self.ids), -1, dtype=np.int64)
+        actual[list(self.lengths)] = list(self.lengths.values())
+        return estimate_table(self.inputs.batch, self.estimates(), actual)

@@ -1,0 +1,14 @@
+"""Every way blendserve orders requests, one file per idea; ``registry`` names them.
+
+- ``admission``: the protocol engines drive (``next_request``, ``on_progress``, ``on_finish``),
+  ``StaticOrder``, ``Delegating`` and ``planned_order`` (a controller's order as one list).
+- ``baselines``: fcfs, balance, dfs, density.
+- ``dual_scan``: the paper's dual scan (memory split, both cursors) and its static list.
+- ``dual_scan_projected``: the dual scan on projected KV, the controller blendserve runs.
+- ``blend``: the stratified blend (density strata spread over the run, prefixes kept whole).
+- ``choice``: ``blendserve`` itself: candidates simulated on the estimates, the fastest kept.
+- ``warmup``: samples first, fillers beside them, then the policy on the learnt lengths.
+- ``registry``: name -> policy, read by the DAG form, the CLI, the config and the benches.
+
+The tree side (prefix tree, sort and split, groups, shards, scan items) is ``blendserve.planner``.
+"""

@@ -1,0 +1,204 @@
+"""BlendServe's choice: simulate each candidate admission on the *estimated* lengths, keep the fastest.
+
+No one admission wins every job: the projected dual scan avoids preemptions
+and feeds the compute side where compute decides the end, while a stratified
+blend admitted blindly keeps the KV fuller where memory decides it. The
+planner cannot see true lengths, but it has the cost model, the simulator
+and its own estimates, so ``blendserve`` builds every candidate of
+``CANDIDATES`` over the same scan items, simulates each on the estimates
+(known lengths exact, the rest the warm-up sampler's means) and runs the one
+predicted fastest. Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
+a random subsample (the same for every candidate); why the sample must be
+that large, and what the choice costs, is measured in docs/PLANNER_NOTES.md
+("Predictive choice").
+
+One candidate alone is a policy of its own for benchmarks: ``blendserve[spread]``
+(``single_candidate``); the registry lists which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from blendserve.scheduling.admission import AdmissionController, Delegating, StaticOrder
+from blendserve.batch import RequestBatch
+from blendserve.costmodel import CostModel
+from blendserve.planner.groups import leaf_groups
+from blendserve.planner.items import ScanItems, ordered_leaves, scan_items
+from blendserve.planner.prefix_tree import PrefixTree
+from blendserve.scheduling.baselines import prefix_tree
+from blendserve.scheduling.blend import spread_keys, unit_cuts
+from blendserve.scheduling.dual_scan import static_dual_scan_order
+from blendserve.scheduling.dual_scan_projected import ProjectedDualScan
+from blendserve.scheduling.registry import PolicyContext
+from blendserve.sim.simulator import SimConfig, simulate
+
+# A candidate builds a fresh controller for a set of scan items (the job's, or a subsample's) given their
+# positions in the job's items (so a list computed once for the job can be restricted to the subsample).
+Candidate = Callable[[ScanItems, np.ndarray], AdmissionController]
+
+# Requests simulated per candidate at most: the paper's job size, so most jobs (and every shard of up to
+# 400k requests) are simulated whole; a smaller sample misjudges the ramp and the long-decode tail.
+SAMPLE_SIZE = 400_000
+
+
+@dataclass
+class Choice:
+    name: str  # the candidate predicted fastest
+    predicted_s: dict[str, float]  # simulated seconds of every candidate on the estimates (subsample's)
+    sample: int  # requests simulated per candidate
+    steps: dict[str, int]  # engine steps of every candidate's simulation
+
+    def merged(self, other: Choice) -> Choice:
+        """Both rounds' candidates, the fastest of all chosen (this round's on ties)."""
+        predicted = {**self.predicted_s, **other.predicted_s}
+        return Choice(min(predicted, key=predicted.get), predicted, self.sample, {**self.steps, **other.steps})
+
+
+def subsample(batch: RequestBatch, items: ScanItems, estimates: np.ndarray, size: int, seed: int = 0,
+              ) -> tuple[RequestBatch, ScanItems, np.ndarray, np.ndarray]:
+    """A random ``size`` of the items, in their order, with their batch rows renumbered 0..size-1; and the
+    kept positions."""
+    if len(items.requests) <= size:
+        return batch, items, estimates, np.arange(len(items.requests))
+    keep = np.sort(np.random.default_rng(seed).choice(len(items.requests), size=size, replace=False))
+    rows = items.requests[keep]
+    renumbered = np.empty(len(rows), dtype=np.int64)
+    renumbered[np.argsort(rows, kind="stable")] = np.arange(len(rows))
+    sub_rows = np.sort(rows)
+    sub = replace(
+        items,
+        requests=renumbered,
+        group=items.group[keep],
+        kv_charge=items.kv_charge[keep],
+        output_est=None if items.output_est is None else items.output_est[keep],
+        shared_prompt=None if items.shared_prompt is None else items.shared_prompt[keep],
+    )
+    return batch.take(sub_rows), sub, estimates[sub_rows], keep
+
+
+class Predictor:
+    """One job's (or its subsample's) simulations on the estimated lengths, candidate by candidate.
+
+    The subsample is drawn once, so candidates chosen in several rounds
+    (``Choice.merged``) are simulated on the same requests.
+    """
+
+    def __init__(self, batch: RequestBatch, items: ScanItems, estimates: np.ndarray, cost_model: CostModel,
+                 kv_capacity_tokens: int, sample_size: int = SAMPLE_SIZE, seed: int = 0) -> None:
+        self.batch, self.items, sub_est, self.kept = subsample(batch, items, estimates, sample_size, seed)
+        self.lengths = np.maximum(np.asarray(sub_est, dtype=np.int64), 1)  # what the simulated engine generates
+        self.cost_model = cost_model
+        self.config = SimConfig(kv_capacity_tokens=kv_capacity_tokens)
+
+    def choose(self, candidates: dict[str, Candidate]) -> Choice:
+        """The candidate whose simulated time is shortest (the first one on ties)."""
+        runs = {name: simulate(self.batch, self.lengths, self.cost_model, make(self.items, self.kept), self.config)
+                for name, make in candidates.items()}
+        predicted = {name: run.total_time for name, run in runs.items()}
+        return Choice(min(predicted, key=predicted.get), predicted, len(self.batch),
+                      {name: run.steps for name, run in runs.items()})
+
+
+class ChosenAdmission(Delegating):
+    """The chosen candidate's controller for the whole job, with what the choice saw."""
+
+    def __init__(self, controller: AdmissionController, items: ScanItems, choice: Choice) -> None:
+        self.controller = controller  # the candidate predicted fastest, built for the whole job
+        self.items = items  # the job's scan items the candidates were built from
+        self.choice = choice  # every candidate's predicted time
+
+
+# Lead of the memory-heavy strata in the fixed-lead stratified blend; its simulated steps time the
+# deadline candidates.
+SPREAD_LEAD = 0.05
+SPREAD = f"spread-{SPREAD_LEAD:g}"  # its candidate's name
+# Deadline factors of the deadline candidates (``blend.spread_keys``: a stratum leads by factor x its
+# longest decode / the run's steps).
+DEADLINES = (0.5, 0.8, 1.0)
+# Largest estimated peak KV of a memory-heavy unit of the stratified blend, as a share of the KV capacity:
+# about one long video on the paper setups, so repeated long-decode prompts are spread one by one.
+UNIT_KV_SHARE = 0.05
+
+
+def blend_items(context: PolicyContext, with_split: bool = True, tree: PrefixTree | None = None) -> ScanItems:
+    """Every request of the batch as scan items, in BlendServe's leaf order (duplicates after their twin)."""
+    tree = prefix_tree(context) if tree is None else tree
+    leaf_order, _ = ordered_leaves(tree, context.cost_model, with_split=with_split)
+    groups = leaf_groups(tree, leaf_order, context.cost_model)
+    return scan_items(context.batch, tree, leaf_order, groups, with_duplicates=True)
+
+
+def blend_cuts(context: PolicyContext, tree: PrefixTree, items: ScanItems) -> np.ndarray:
+    """Where the stratified blend's units start (prefixes kept whole, memory-heavy units capped)."""
+    return unit_cuts(tree, items, max_unit_kv=UNIT_KV_SHARE * context.kv_capacity_tokens)
+
+
+def _spread_candidate(keys: np.ndarray) -> Candidate:
+    return lambda sub, kept: StaticOrder(sub.requests[np.argsort(keys[kept], kind="stable")])
+
+
+def first_candidates(context: PolicyContext, items: ScanItems, cuts: np.ndarray) -> dict[str, Candidate]:
+    """What ``blendserve`` chooses from first: the projected dual scan and the fixed-lead blend."""
+    return {
+        "dual-scan": lambda sub, kept: ProjectedDualScan(sub, context.kv_capacity_tokens),
+        SPREAD: _spread_candidate(spread_keys(items, cuts, lead=SPREAD_LEAD)),
+    }
+
+
+def deadline_candidates(items: ScanItems, cuts: np.ndarray, run_steps: float) -> dict[str, Candidate]:
+    """Stratified blends whose memory-heavy strata end in time for a run of ``run_steps`` steps (no fixed lead)."""
+    return {f"deadline-{factor:g}": _spread_candidate(spread_keys(items, cuts, lead=0.0, run_steps=run_steps,
+                                                                 deadline=factor))
+            for factor in DEADLINES}
+
+
+def blendserve(context: PolicyContext) -> AdmissionController:
+    """Layer-wise sort, conditional splitting (99% of DFS sharing kept), then the admission predicted fastest.
+
+    Two rounds of simulation on the estimated lengths: ``first_candidates``,
+    then the deadline blends timed by the fixed-lead blend's simulated steps
+    (scaled to the job when a subsample stood for it). The chosen one is built
+    afresh for the whole job.
+    """
+    tree = prefix_tree(context)
+    items = blend_items(context, tree=tree)
+    cuts = blend_cuts(context, tree, items)
+    candidates = first_candidates(context, items, cuts)
+    predictor = Predictor(context.batch, items, context.output_estimates, context.cost_model,
+                          context.kv_capacity_tokens, seed=context.seed)
+    choice = predictor.choose(candidates)
+    run_steps = choice.steps[SPREAD] * len(items.requests) / max(choice.sample, 1)
+    deadline = deadline_candidates(items, cuts, run_steps)
+    choice = choice.merged(predictor.choose(deadline))
+    chosen = {**candidates, **deadline}[choice.name]
+    return ChosenAdmission(chosen(items, np.arange(len(items.requests))), items, choice)
+
+
+def blendserve_nosplit(context: PolicyContext) -> AdmissionController:
+    """Layer-wise density sort and the projected dual scan, no node splitting and no choice."""
+    return ProjectedDualScan(blend_items(context, with_split=False), context.kv_capacity_tokens)
+
+
+def single_candidate(name: str) -> Callable[[PolicyContext], AdmissionController]:
+    """``blendserve[name]``: one admission over blendserve's items, without the choice (for benchmarks).
+
+    ``static`` is the dual scan's static list, the order the shard cut walks; it
+    is no candidate of the choice (never predicted fastest on the benchmarks).
+    """
+    def build(context: PolicyContext) -> AdmissionController:
+        tree = prefix_tree(context)
+        items = blend_items(context, tree=tree)
+        if name == "dual-scan":
+            return ProjectedDualScan(items, context.kv_capacity_tokens)
+        if name == "static":
+            return StaticOrder(items.requests[static_dual_scan_order(items)[0]])
+        if name == "spread":
+            keys = spread_keys(items, blend_cuts(context, tree, items), lead=SPREAD_LEAD)
+            return StaticOrder(items.requests[np.argsort(keys, kind="stable")])
+        raise KeyError(f"blendserve has no candidate {name!r}")
+
+    return build
