@@ -27,7 +27,7 @@ from common import SETUPS, img_path, load_mix, size_suffix, write_result
 from plots import policy_bars
 from tables import chose_label, summarize
 
-POLICIES = ["fcfs", "balance", "density", "dfs", "blendserve-nosplit", "blendserve-static", "blendserve-spread",
+POLICIES = ["fcfs", "balance", "density", "dfs", "blendserve-nosplit", "blendserve[static]", "blendserve[spread]",
             "blendserve"]
 # The paper's averages (docs: ../shared/DESIGN.md section 10); the 70B figure is its 8-GPU result.
 PAPER = {"8b": {"opt": 0.8655, "speedup": 1.2084, "sharing": 0.97, "dfs_opt": 0.717},

@@ -58,7 +58,7 @@ REWRITE_PAIRS = (
     ("VBench-2.0__prompts__VBench2_full_text.txt", "VBench-2.0__prompts__prompt_aug__Wanx_full_text_aug.txt", "wan"),
 )
 REFINER_SYSTEM_TOKENS = {"gpt": 802, "wan": 920}  # from the data README: system prompt + few-shot turns, chars / 4
-POLICY = "blendserve"  # default; --policy blendserve-static is the list the pipeline's shards submit
+POLICY = "blendserve"  # default; --policy "blendserve[static]" is the dual scan's static list alone
 
 
 def _lines(path: Path) -> list[str]:
@@ -201,8 +201,8 @@ def main() -> None:
     ap.add_argument("--rates", default="0.001,0.01,0.1,1")
     ap.add_argument("--workloads", default="azure-conv,vbench-rewrite,mix")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--policy", default=POLICY, help="blendserve (the controller) or blendserve-static (the list"
-                                                      " the pipeline's shards submit)")
+    ap.add_argument("--policy", default=POLICY, help="blendserve (the choice) or blendserve[static] (the dual"
+                                                      " scan's static list alone)")
     ap.add_argument("--out", action="store_true", help="write bench/results/sampling.json")
     args = ap.parse_args()
     cost = SETUPS["8b"].cost()

@@ -10,8 +10,8 @@ from blendserve.report.plots import _figure, _save
 
 # The paper's colours are not ours to copy; a fixed order keeps a policy's colour the same in every figure.
 POLICY_COLORS = {"fcfs": "tab:gray", "balance": "tab:olive", "density": "tab:purple", "dfs": "tab:blue",
-                 "blendserve-nosplit": "tab:cyan", "blendserve-static": "tab:olive",
-                 "blendserve-spread": "tab:brown", "blendserve": "tab:orange"}
+                 "blendserve-nosplit": "tab:cyan", "blendserve[static]": "tab:olive",
+                 "blendserve[spread]": "tab:brown", "blendserve": "tab:orange"}
 
 
 def policy_bars(mixes: list[dict], policies: list[str], metric: str, setup: str, path: Path) -> Path:
