@@ -12,8 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from blendserve.scheduling.admission import StaticOrder
 from blendserve.engines import EngineRequest, engine_session
+from blendserve.scheduling.admission import StaticOrder
 
 pytestmark = pytest.mark.engine
 FP32 = {"vllm": {"dtype": "float32"}, "transformers": {"dtype": "float32", "num_blocks": 512}}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blendserve.scheduling.admission import EngineState, StaticOrder, planned_order
 from blendserve.batch import RequestBatch
 from blendserve.engines import EngineRequest, engine_session
 from blendserve.engines.common import TIMELINE_KEYS, estimated_output, requests_from_batch
+from blendserve.scheduling.admission import EngineState, StaticOrder, planned_order
 from blendserve.scheduling.dual_scan import DualScanController
 from synthetic import synthetic_batch
 from blendserve.scheduling.registry import PolicyContext, make_controller

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blendserve.scheduling.admission import StaticOrder
 from blendserve.engines import EngineRequest, engine_session
 from blendserve.engines.common import TIMELINE_KEYS
+from blendserve.scheduling.admission import StaticOrder
 
 pytestmark = pytest.mark.engine
 KV_BLOCKS = 48  # x 32 tokens: set explicitly, the library default sizes the cache from system RAM

@@ -25,11 +25,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from blendserve import files
-from blendserve.pipeline import database
 from blendserve.config import RunConfig
+from blendserve.data_roots import PathOutsideRoots, resolve_in_roots
 from blendserve.ingest import ingest
 from blendserve.ingest.normalize import Limits
-from blendserve.data_roots import PathOutsideRoots, resolve_in_roots
+from blendserve.pipeline import database
 from blendserve.pipeline.steps import run_pipeline
 from conftest import run_cli, subprocess_env
 

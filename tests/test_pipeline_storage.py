@@ -13,8 +13,8 @@ from fsspec.implementations.memory import MemoryFileSystem
 from upath import UPath
 
 from blendserve import files
-from blendserve.pipeline import parts
 from blendserve.config import RunConfig
+from blendserve.pipeline import parts
 from blendserve.pipeline.steps import InjectedFault, infer_shard, ingest_step, load_step, plan_step, run_pipeline
 
 from conftest import FIXTURES

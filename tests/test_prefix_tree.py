@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blendserve.costmodel import CostModel, get_hardware, get_model
-from blendserve.planner.lcp import RangeMin, sort_prompts
 from blendserve.pipeline.plan import build_plan, read_plan, write_plan
+from blendserve.planner.lcp import RangeMin, sort_prompts
 from blendserve.planner.prefix_tree import build_prefix_tree
 from synthetic import batch_from_prompts
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blendserve.scheduling.admission import EngineState
 from blendserve.batch import UNKNOWN
 from blendserve.costmodel import CostModel, get_hardware, get_model
-from blendserve.scheduling.dual_scan import LEFT, RIGHT, DualScanController, ScanItems
 from blendserve.planner.prefix_tree import build_prefix_tree
+from blendserve.scheduling.admission import EngineState
+from blendserve.scheduling.dual_scan import LEFT, RIGHT, DualScanController, ScanItems
 from synthetic import batch_from_prompts, synthetic_batch
 from blendserve.sampling import (
     estimate_outputs,

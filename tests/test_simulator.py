@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blendserve.scheduling.admission import StaticOrder
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.costmodel import CostModel, balanced_token_budget, batch_t_opt, get_hardware, get_model, t_opt
+from blendserve.scheduling.admission import StaticOrder
 from blendserve.sim import SimConfig, kv_capacity_tokens, simulate
 from blendserve.sim.radix_cache import RadixCache
 from blendserve.sim.timeline import sum_linear_steps

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blendserve.scheduling.admission import StaticOrder
 from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.groups import leaf_groups
 from blendserve.planner.items import ScanItems, ordered_leaves, scan_items
-from blendserve.scheduling.choice import Predictor, subsample
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
+from blendserve.scheduling.admission import StaticOrder
 from blendserve.scheduling.blend import cap_units, hot_depth, spread_keys, unit_cuts
+from blendserve.scheduling.choice import Predictor, subsample
 from synthetic import synthetic_batch
 from blendserve.scheduling.registry import PolicyContext, make_controller
 

@@ -12,7 +12,7 @@ def fail_fast() -> Iterator[None]:
     the task at once with the reason; anything else (engine faults, killed workers) keeps its retries."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from blendserve.config import ConfigError
+    from blendserve.config import ConfigError  # here, not at the top: config reads pyarrow, the DAG files parse this
 
     try:
         yield

@@ -12,8 +12,11 @@ import logging
 import sys
 from typing import Sequence
 
+from blendserve.config import ConfigError
+from blendserve.pipeline.database import DatabaseLocked
+
 # Each names a module in blendserve.commands that defines add_parser(subparsers),
-# which sets ``func`` on its parser. Heavy imports stay inside each func.
+# which sets ``func`` on its parser.
 COMMANDS = ("run", "plan", "simulate", "workload", "report")
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
@@ -59,9 +62,6 @@ def _without_library_chatter(record: logging.LogRecord) -> bool:
 def error_line(err: BaseException, verbose: bool) -> str:
     """One line for ``err``: the message alone for errors in what the user gave (settings, paths,
     files, a busy database, the disk); the exception's type too for anything else."""
-    from blendserve.config import ConfigError
-    from blendserve.pipeline.database import DatabaseLocked
-
     message = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, (ConfigError, DatabaseLocked, OSError)):
         return message

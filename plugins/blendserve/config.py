@@ -15,8 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from blendserve import ENGINES, files
-from blendserve.model_prep import REPO_ROOT
 from blendserve.files import StoragePath
+from blendserve.model_prep import REPO_ROOT, ensure_model_dir
 from blendserve.scheduling.registry import POLICIES, PUBLIC_POLICIES
 
 # Run ids name folders, DuckDB rows and export files, and reach DuckDB's read_parquet inside paths:
@@ -121,7 +121,6 @@ class RunConfig:
     def model_path(self) -> Path:
         if self.model:
             return Path(self.model)
-        from blendserve.model_prep import ensure_model_dir
 
         return ensure_model_dir()
 

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from blendserve import files
-from blendserve.pipeline import database
 from blendserve.model_prep import MODEL_NAME
+from blendserve.pipeline import database
 
 
 @dataclass

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from blendserve import workload_sources as ws
 from blendserve.costmodel import CostModel
 from blendserve.schema import REQUEST_SCHEMA
 from blendserve.workload_sources import TOKENIZER_NOTE, VOCAB, Pool, system_prompt, video_lengths
@@ -230,7 +231,6 @@ def mix_report(plan: Plan, pools: dict[str, Pool], spec: WorkloadSpec, cost: Cos
 
 def load_pools(spec: WorkloadSpec, root: Path) -> dict[str, Pool]:
     """The pools the spec draws from (all three for a mix)."""
-    from blendserve import workload_sources as ws
 
     loaders = {"api": lambda: ws.load_api(root, spec.api_trace), "mmlu": lambda: ws.load_mmlu(root, spec.mmlu_output_tokens),
                "video": lambda: ws.load_video(root)}

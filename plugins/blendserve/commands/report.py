@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from blendserve.config import check_run_id, default_db
+from blendserve.report.build import build_report
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("report", help="rebuild a run's report (Markdown + PNG plots) from DuckDB")
@@ -14,9 +17,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blendserve.config import check_run_id, default_db
-    from blendserve.report.build import build_report
-
     check_run_id(args.run_id)  # it names the report's folder
     path = build_report(args.db or default_db(), args.run_id, args.out)
     print(path)

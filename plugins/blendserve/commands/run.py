@@ -7,6 +7,8 @@ import json
 import time
 
 from blendserve import ENGINES
+from blendserve.config import RunConfig, new_run_id
+from blendserve.pipeline.steps import run_pipeline
 from blendserve.scheduling.registry import PUBLIC_POLICIES
 
 
@@ -39,9 +41,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blendserve.config import RunConfig, new_run_id
-    from blendserve.pipeline.steps import run_pipeline
-
     defaults_unless_given = {"part_rows": args.part_rows}
 
     config = RunConfig(

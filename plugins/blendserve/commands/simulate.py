@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from blendserve.batch import RequestBatch
+from blendserve.costmodel import CostModel, get_hardware, get_model
+from blendserve.sim import SimConfig
+from blendserve.sim.compare import compare_policies
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("simulate", help="simulate policies on a request file at GPU scale")
@@ -22,11 +27,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blendserve.batch import RequestBatch
-    from blendserve.costmodel import CostModel, get_hardware, get_model
-    from blendserve.sim import SimConfig
-    from blendserve.sim.compare import compare_policies
-
     batch = RequestBatch.from_parquet(args.input)
     cost = CostModel(get_model(args.model), get_hardware(args.hardware, args.tp))
     config = SimConfig(token_budget=args.token_budget, max_running=args.max_running, overlap=args.overlap)

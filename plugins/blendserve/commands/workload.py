@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from blendserve.costmodel import CostModel, get_hardware, get_model
+from blendserve.workload import MIXES, WorkloadSpec, build_workload
+from blendserve.workload_sources import data_root
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,12 +29,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from blendserve.costmodel import CostModel, get_hardware, get_model
-    from blendserve.workload import MIXES, WorkloadSpec, build_workload
-    from blendserve.workload_sources import data_root
-
     density, sharing = MIXES[args.mix] if args.mix else (args.density, args.sharing)
     spec = WorkloadSpec(
         num_requests=args.num_requests, density=density, sharing=sharing, only=args.only, seed=args.seed,

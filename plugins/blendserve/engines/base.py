@@ -14,12 +14,10 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
+import pyarrow as pa
+
+from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.scheduling.admission import AdmissionController
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from blendserve.batch import RequestBatch
 
 
 @dataclass
@@ -48,8 +46,6 @@ class BatchRequests(Sequence[EngineRequest]):
     """
 
     def __init__(self, batch: "RequestBatch", sampling: "pa.Table | None" = None) -> None:
-        from blendserve.batch import UNKNOWN
-
         self.batch, n = batch, len(batch)
         self.unknown = UNKNOWN
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from blendserve.scheduling.admission import AdmissionController, EngineState
+from blendserve.batch import RequestBatch
 from blendserve.engines.base import BatchRequests, EngineRequest, EngineResult, EngineStats
-
-if TYPE_CHECKING:
-    from blendserve.batch import RequestBatch
+from blendserve.scheduling.admission import AdmissionController, EngineState
 
 TIMELINE_KEYS: dict[str, str] = {
     "t": "seconds since the run started, at the end of the interval (simulated seconds for the simulator)",
@@ -35,7 +33,7 @@ SUMMED = ("steps", "prefill_tokens", "decode_tokens", "prefix_queries", "prefix_
 PROGRESS_FIRST = 16  # first output count reported to on_progress, then doubling (as the simulator does)
 
 
-def requests_from_batch(batch: "RequestBatch") -> BatchRequests:
+def requests_from_batch(batch: RequestBatch) -> BatchRequests:
     """Greedy engine requests for a columnar batch (benchmarks, tests): known and simulated lengths carried along."""
     return BatchRequests(batch)
 

@@ -23,12 +23,12 @@ from typing import Sequence
 
 import numpy as np
 
-from blendserve.scheduling.admission import AdmissionController, EngineState
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.engines.base import BatchRequests, EngineRequest, EngineResult, EngineStats, ResultSink
 from blendserve.engines.common import RunBook, refusal
+from blendserve.scheduling.admission import AdmissionController, EngineState
 from blendserve.sim import SimConfig, kv_capacity_tokens
 from blendserve.sim.engine_core import EngineCore
 

@@ -27,10 +27,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from blendserve.scheduling.admission import AdmissionController, EngineState
 from blendserve.config import RunConfig
 from blendserve.engines.base import EngineRequest, EngineResult, EngineStats, ResultSink, token_list
 from blendserve.engines.common import RunBook, refusal
+from blendserve.model_prep import gguf_path, load_tokenizer
+from blendserve.scheduling.admission import AdmissionController, EngineState
 
 log = logging.getLogger(__name__)
 WAITING_AHEAD = 8  # requests queued in the manager beyond what runs (as for vLLM)
@@ -48,8 +49,6 @@ def load_model(config: RunConfig, dtype_name: str, device: str):  # type: ignore
     if config.model:
         model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
     else:
-        from blendserve.model_prep import gguf_path
-
         gguf = gguf_path()
         # Dequantized at load: the packed-GGUF kernels compute differently from vLLM's bf16 weights.
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype,
@@ -225,7 +224,6 @@ class TransformersEngine:
 
 def _tokenizer(model):  # type: ignore[no-untyped-def]
     """The tokenizer beside the weights: the prepared folder's fast tokenizer (same vocabulary as the GGUF)."""
-    from blendserve.model_prep import load_tokenizer
 
     folder = getattr(model, "name_or_path", "")
     if folder and (Path(folder) / "tokenizer.json").exists():

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Sequence
 
-from blendserve.scheduling.admission import AdmissionController, EngineState, planned_order
 from blendserve.config import RunConfig
 from blendserve.engines.base import EngineRequest, EngineResult, EngineStats, ResultSink, token_list
 from blendserve.engines.common import RunBook, estimated_output, refusal
+from blendserve.engines.watchdog import Watchdog
+from blendserve.scheduling.admission import AdmissionController, EngineState, planned_order
 
 log = logging.getLogger(__name__)
 WAITING_AHEAD = 8  # requests always allowed to queue in vLLM (not yet started), whatever their size
@@ -124,7 +125,6 @@ class VllmEngine:
         configure_cpu_env(config)
         from vllm import LLM
 
-        from blendserve.engines.watchdog import Watchdog
 
         self.llm = None
         self.watchdog = Watchdog()  # before the engine starts: a kill during its start is covered too

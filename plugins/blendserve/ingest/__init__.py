@@ -19,12 +19,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from blendserve import files
-from blendserve.ingest.normalize import Limits, Normalized, Reject, normalize
+from blendserve.files import PathLike, StoragePath
 from blendserve.ingest.columnar import plain_rows, request_table, token_row_record
+from blendserve.ingest.normalize import Limits, Normalized, Reject, normalize
 from blendserve.ingest.readers import RawRecord, expand_inputs, parquet_batches, parquet_records, read_records
 from blendserve.ingest.tokenize import PromptTokenizer
 from blendserve.schema import REJECT_SCHEMA, REQUEST_SCHEMA
-from blendserve.files import PathLike, StoragePath
 
 log = logging.getLogger(__name__)
 CHUNK_ROWS = 2048  # records tokenized and written together

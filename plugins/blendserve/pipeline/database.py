@@ -22,8 +22,8 @@ from pathlib import Path
 import duckdb
 
 from blendserve import files
-from blendserve.model_prep import REPO_ROOT
 from blendserve.files import PathLike
+from blendserve.model_prep import REPO_ROOT
 
 SQL_DIR = REPO_ROOT / "sql"
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from blendserve import files
 from blendserve.engines.base import EngineResult
-from blendserve.schema import RESULT_SCHEMA
 from blendserve.files import StoragePath
+from blendserve.schema import RESULT_SCHEMA
 
 PART_GLOB = "part-*.parquet"
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from blendserve.config import RunConfig
 from blendserve.report.data import RunData
+from blendserve.report.explain import explain_run, prediction_metrics
 
 
 @dataclass
@@ -56,8 +58,6 @@ def _stored(data: RunData) -> Prediction:
 
 def _simulated(data: RunData) -> Prediction:
     """Every policy through the simulator on the run's requests Parquet (token ids are not in DuckDB)."""
-    from blendserve.config import RunConfig
-    from blendserve.report.explain import explain_run, prediction_metrics
 
     config = RunConfig.from_dict(data.config)
     config.db = str(data.db)  # the file this report reads (the run folder beside it, unless work_dir says)

@@ -23,12 +23,12 @@ from typing import Callable
 
 import numpy as np
 
-from blendserve.scheduling.admission import AdmissionController, Delegating, StaticOrder
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.planner.groups import leaf_groups
 from blendserve.planner.items import ScanItems, ordered_leaves, scan_items
 from blendserve.planner.prefix_tree import PrefixTree
+from blendserve.scheduling.admission import AdmissionController, Delegating, StaticOrder
 from blendserve.scheduling.baselines import prefix_tree
 from blendserve.scheduling.blend import spread_keys, unit_cuts
 from blendserve.scheduling.dual_scan import static_dual_scan_order

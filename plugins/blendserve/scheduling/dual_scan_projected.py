@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blendserve.scheduling.admission import EngineState
 from blendserve.costmodel import kv_tokens_read
 from blendserve.planner.items import ScanItems, item_work
+from blendserve.scheduling.admission import EngineState
 from blendserve.scheduling.dual_scan import LEFT, RIGHT, DualScanController
 
 

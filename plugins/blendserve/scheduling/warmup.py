@@ -16,12 +16,12 @@ from typing import Callable
 
 import numpy as np
 
-from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.planner.prefix_tree import PrefixTree
-from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.sampling.estimator import estimate_outputs
+from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
+from blendserve.scheduling.registry import PolicyContext, make_controller
 
 # (requests still to run, sampled requests, their observed lengths) -> a controller whose
 # indices are positions in the first array.

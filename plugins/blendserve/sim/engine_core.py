@@ -13,9 +13,9 @@ from collections import deque
 
 import numpy as np
 
-from blendserve.scheduling.admission import AdmissionController, EngineState
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
+from blendserve.scheduling.admission import AdmissionController, EngineState
 from blendserve.sim.budget import token_budget
 from blendserve.sim.radix_cache import RadixCache, RadixNode
 from blendserve.sim.timeline import Timeline, sum_linear_steps

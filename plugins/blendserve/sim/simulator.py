@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from blendserve.scheduling.admission import AdmissionController
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
+from blendserve.scheduling.admission import AdmissionController
 from blendserve.sim.engine_core import EngineCore
 from blendserve.sim.timeline import Timeline
 

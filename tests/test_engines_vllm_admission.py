@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blendserve.scheduling.admission import planned_order, EngineState, StaticOrder
 from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.engines import EngineRequest, engine_session
 from blendserve.engines.common import TIMELINE_KEYS, estimated_output
+from blendserve.scheduling.admission import planned_order, EngineState, StaticOrder
 from synthetic import batch_from_prompts
 from blendserve.scheduling.registry import PolicyContext, make_controller
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blendserve.scheduling.admission import StaticOrder
 from blendserve.engines import EngineRequest, engine_session
+from blendserve.scheduling.admission import StaticOrder
 
 pytestmark = pytest.mark.engine
 
