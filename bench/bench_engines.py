@@ -45,7 +45,6 @@ import sys
 import numpy as np
 
 from bench_warmup import environment, requests as rewrite_requests, spread
-from blendserve.scheduling.admission import AdmissionController
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware, get_model
@@ -53,6 +52,7 @@ from blendserve.engines import close_all, engine_session
 from blendserve.engines.base import EngineStats
 from blendserve.engines.common import requests_from_batch
 from blendserve.model_prep import load_tokenizer
+from blendserve.scheduling.admission import AdmissionController
 from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.workload_sources import data_root, video_lengths
 

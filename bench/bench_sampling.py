@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from blendserve.scheduling.admission import StaticOrder
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.model_prep import cache_root
 from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.prefix_tree import build_prefix_tree
+from blendserve.scheduling.admission import StaticOrder
 from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.sampling import (
     estimate_outputs, estimate_report, report_text, select_samples, split_warmup, warmup_controller,

@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from blendserve.scheduling.admission import StaticOrder
 from blendserve.batch import RequestBatch
+from blendserve.scheduling.admission import StaticOrder
 from blendserve.sim import SimConfig, simulate
 from blendserve.sim.compare import true_outputs
 from blendserve.workload import MIXES

@@ -33,7 +33,6 @@ from importlib.metadata import version
 
 import numpy as np
 
-from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware, get_model
@@ -41,8 +40,9 @@ from blendserve.engines import EngineRequest, close_all, engine_session
 from blendserve.ingest.tokenize import PromptTokenizer
 from blendserve.model_prep import ensure_model_dir
 from blendserve.planner.prefix_tree import build_prefix_tree
-from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.sampling import estimate_outputs, select_samples
+from blendserve.scheduling.admission import AdmissionController, StaticOrder
+from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.scheduling.warmup import warmup_controller
 from blendserve.workload_sources import data_root
 from common import provenance

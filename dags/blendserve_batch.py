@@ -12,9 +12,9 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, task
 
+from blendserve import ENGINES
 from blendserve.airflow_tasks import fail_fast
 from blendserve.assets import OUTPUTS
-from blendserve import ENGINES
 from blendserve.scheduling.registry import PUBLIC_POLICIES
 
 DOC_MD = """

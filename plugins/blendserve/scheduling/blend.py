@@ -68,9 +68,8 @@ def cap_units(items: ScanItems, cuts: np.ndarray, max_unit_kv: float) -> np.ndar
 
     A unit is admitted as one burst. Long decodes that share a whole prompt
     (a job that repeats its video prompts) would otherwise stay one unit
-    several times the KV, and no spread can blend them: measured on the 400k
-    d0.9-s5 mix, 2,423 videos in one unit, 84x the KV, 35k preemptions.
-    A unit may exceed the cap by its last item only.
+    several times the KV, and no spread can blend them (docs/PLANNER_NOTES.md
+    has the case). A unit may exceed the cap by its last item only.
     """
     heavy = items.group_density[items.group] < items.target_density
     unit = np.cumsum(cuts) - 1

@@ -10,7 +10,7 @@ and its own estimates, so ``blendserve`` builds every candidate of
 predicted fastest. Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
 a random subsample (the same for every candidate); why the sample must be
 that large, and what the choice costs, is measured in docs/PLANNER_NOTES.md
-("Predictive choice").
+("model-predictive choice and the stratified blend").
 
 One candidate alone is a policy of its own for benchmarks: ``blendserve[spread]``
 (``single_candidate``); the registry lists which.

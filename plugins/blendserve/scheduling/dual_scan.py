@@ -178,11 +178,8 @@ def static_dual_scan_order(items: ScanItems, lead: float = 0.05) -> tuple[np.nda
 
     ``lead`` lets the memory-heavy side run ahead: a long decode admitted at
     the end of the list runs alone after everything else, so the right side
-    finishes admitting when ``1 - lead`` of the compute is admitted. Measured
-    on the paper mixes (docs/PLANNER_NOTES.md): the pacing gains +2.9 points of
-    ``T_opt`` on average on 8B and +4 to +6 on 70B over the dual scan run
-    against a crude clock (the previous static order); a lead of 0.05 adds
-    +0.6 to +1.8 on 7 of the 8 mixes (-0.7 on the eighth).
+    finishes admitting when ``1 - lead`` of the compute is admitted. What the
+    pacing and the lead gain on the paper mixes is in docs/PLANNER_NOTES.md.
     """
     compute_array, reads_array = item_work(items)
     total_c, total_m = max(float(compute_array.sum()), 1e-12), max(float(reads_array.sum()), 1e-12)
