@@ -6,8 +6,12 @@ node's best-sampled sibling, else the same rule one level up (the parent's
 subtree, its siblings, ...), up to the root. Requests with the same prompt
 prefix tend to ask for the same kind of answer, so the nearest well-sampled
 subtree is the best guess; a sibling shares the parent's prefix too but is
-not diluted by the rest of the parent. The mean feeds the planner's
-densities; a high quantile of the same samples is there for KV budgeting.
+not diluted by the rest of the parent. A prompt-side stratum (``strata``:
+prompt length and cap buckets) with enough samples takes over where its
+samples vary less, relative to their mean, than the subtree's: a rare family
+of long answers hidden under a common prefix is told apart by its prompts.
+The mean feeds the planner's densities; a high quantile of the same samples
+is there for KV budgeting.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import numpy as np
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.prefix_tree import PrefixTree
+from blendserve.sampling.strata import strata
 
 # How each request's estimate was made (Estimates.kind).
-SAMPLED, KNOWN, SUBTREE, SIBLING, ANCESTOR, NO_SAMPLE = 0, 1, 2, 3, 4, 5
-KIND_NAMES = ("sampled", "known", "subtree", "sibling", "ancestor", "no_sample")
+SAMPLED, KNOWN, SUBTREE, SIBLING, ANCESTOR, NO_SAMPLE, STRATUM = 0, 1, 2, 3, 4, 5, 6
+KIND_NAMES = ("sampled", "known", "subtree", "sibling", "ancestor", "no_sample", "stratum")
 
 
 @dataclass
@@ -43,6 +48,7 @@ def estimate_outputs(
     observed_lengths: np.ndarray,
     min_samples: int = 3,
     quantile: float = 0.9,
+    groups: np.ndarray | None = None,
 ) -> Estimates:
     """Estimates for every request of ``batch`` from the observed lengths of ``sampled_idx``.
 
@@ -66,6 +72,8 @@ def estimate_outputs(
     fallback = default_output_estimates(batch).astype(np.float64)
     none = req_source < 0
     mean[none], high[none], std[none], req_kind[none] = fallback[none], fallback[none], 0.0, NO_SAMPLE
+    _overlay_strata(strata(batch, groups), sampled_idx, observed, max(min_samples, 1), quantile,
+                    mean, high, std, req_kind, req_source)
     _overlay_observed(tree, sample_leaf, sample_len, mean, high, std, req_kind, req_source)
     known = batch.expected_output_tokens != UNKNOWN
     mean[known] = high[known] = batch.expected_output_tokens[known]
@@ -139,6 +147,29 @@ def _source_stats(
         at = inverse == j
         mean[at], high[at], std[at] = values.mean(), np.quantile(values, quantile), values.std()
     return mean, high, std
+
+
+def _overlay_strata(stratum: np.ndarray, sampled_idx: np.ndarray, observed: np.ndarray, min_samples: int,
+                    quantile: float, mean: np.ndarray, high: np.ndarray, std: np.ndarray, kind: np.ndarray,
+                    source: np.ndarray) -> None:
+    """A request takes its stratum's samples where the stratum has ``min_samples`` and they vary less (standard
+    deviation over mean) than those of the subtree that estimated it, or no subtree of its own did."""
+    if not len(sampled_idx):
+        return
+    of_sample = stratum[sampled_idx]
+    count = np.bincount(of_sample, minlength=int(stratum.max()) + 1)
+    total = np.bincount(of_sample, weights=observed, minlength=len(count))
+    squares = np.bincount(of_sample, weights=observed**2, minlength=len(count))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s_mean = total / count
+        s_std = np.sqrt(np.maximum(squares / count - s_mean**2, 0.0))
+        better = (count[stratum] >= min_samples) & (
+            (kind != SUBTREE) | (s_std[stratum] / s_mean[stratum] < std / np.maximum(mean, 1e-9)))
+    for s in np.unique(stratum[better]).tolist():
+        at = better & (stratum == s)
+        values = observed[of_sample == s]
+        mean[at], high[at], std[at] = s_mean[s], np.quantile(values, quantile), s_std[s]
+    kind[better], source[better] = STRATUM, -1
 
 
 def _overlay_observed(

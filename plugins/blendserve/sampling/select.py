@@ -14,6 +14,7 @@ import numpy as np
 
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.planner.prefix_tree import PrefixTree
+from blendserve.sampling.strata import PER_STRATUM, covered_strata, strata
 
 DEFAULT_RATE = 0.01  # the paper's 1%: it reports this works as well as 100%
 DEFAULT_MIN_SUBTREE = 100  # a subtree this large (in eligible inferences) always gets a sample
@@ -32,13 +33,17 @@ def select_samples(
     min_subtree: int = DEFAULT_MIN_SUBTREE,
     cap: int = DEFAULT_CAP,
     seed: int = 0,
+    groups: np.ndarray | None = None,
 ) -> np.ndarray:
     """Batch indices (sorted) of the requests to run first.
 
     ``rate`` of the eligible inferences are drawn uniformly at random, plus
     one from every internal subtree with at least ``min_subtree`` eligible
-    inferences; ``cap`` bounds the total, keeping the coverage picks of the
-    largest subtrees first, because an unsampled large subtree is where an
+    inferences, plus ``PER_STRATUM`` from every prompt-side stratum that could
+    hold a material share of the job's work (``strata.covered_strata``;
+    ``groups`` adds a user's grouping to the strata); ``cap`` bounds the
+    total, keeping the coverage picks of the largest subtrees first, then the
+    strata's, because an unsampled large subtree or family is where an
     estimate goes most wrong.
     """
     if not 0.0 <= rate <= 1.0:
@@ -50,9 +55,11 @@ def select_samples(
     priority = np.random.default_rng(seed).random(tree.n_leaves)
     priority[~eligible] = np.inf  # never picked
     coverage, coverage_size = _coverage_picks(tree, eligible, priority, min_subtree)
+    stratum = strata(batch, groups)
+    by_stratum = _stratum_picks(stratum[tree.leaf_request], covered_strata(batch, stratum), priority)
     uniform = np.argsort(priority, kind="stable")[: int(np.ceil(rate * n_eligible))]
-    # Coverage picks first (largest subtree first), then the uniform draw in priority order.
-    ranked = np.concatenate([coverage[np.argsort(-coverage_size, kind="stable")], uniform])
+    # Coverage picks first (largest subtree first), then the strata's, then the uniform draw in priority order.
+    ranked = np.concatenate([coverage[np.argsort(-coverage_size, kind="stable")], by_stratum, uniform])
     _, first = np.unique(ranked, return_index=True)
     leaves = ranked[np.sort(first)][:cap]
     return np.sort(tree.leaf_request[leaves]).astype(np.int64)
@@ -75,6 +82,15 @@ def _coverage_picks(
     picks = np.array([tree.lo[v] + int(np.argmin(priority[tree.lo[v] : tree.hi[v]])) for v in big], dtype=np.int64)
     return picks, size[size >= max(min_subtree, 1)]
 
+
+
+def _stratum_picks(leaf_stratum: np.ndarray, covered: np.ndarray, priority: np.ndarray) -> np.ndarray:
+    """The ``PER_STRATUM`` lowest-priority eligible leaves of every covered stratum."""
+    candidates = np.flatnonzero(np.isfinite(priority) & covered[leaf_stratum])
+    candidates = candidates[np.lexsort((priority[candidates], leaf_stratum[candidates]))]
+    group = leaf_stratum[candidates]
+    start = np.searchsorted(group, group, side="left")
+    return candidates[np.arange(len(candidates)) - start < PER_STRATUM]
 
 
 @dataclass

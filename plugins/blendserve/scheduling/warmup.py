@@ -1,18 +1,24 @@
-"""One engine run with the warm-up inside it: samples first, fillers while they run, then the plan.
+"""One engine run with the warm-up inside it: samples first, fillers beside them, the plan, then re-plans.
 
 Running the sample as a separate phase leaves the engine mostly idle: a 1%
 sample is too small to fill a batch, and the phase lasts as long as its
 longest answer. Here the sampled requests are admitted first and the
 engine's spare room is filled with other requests in a seeded random order
-(a blend, like the ``balance`` policy); as soon as every sampled request has
-finished, ``plan`` turns their observed lengths into a controller for the
-requests not admitted yet, and admission continues from it. Each request is
-admitted exactly once, so nothing runs twice.
+(a blend, like the ``balance`` policy). The plan does not wait for the
+sample's longest answers: once every sampled request has finished or run
+past ``LONG_AFTER`` tokens (and past several times the longest finished one),
+those still running count at their expected length given how far they got
+(``strata.censored_length``), and the planner orders the requests not yet
+admitted. Every later finish is one more observation: every
+``check_every`` finishes the estimates are made again, and when the rest's
+estimated output moved by ``REPLAN_MOVE`` or more, the rest is planned again
+(at most ``MAX_REPLANS`` times). Each request is admitted exactly once, so
+nothing runs twice.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -20,59 +26,124 @@ from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.planner.prefix_tree import PrefixTree
 from blendserve.sampling.estimator import estimate_outputs
+from blendserve.sampling.strata import censored_length
 from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
 from blendserve.scheduling.registry import PolicyContext, make_controller
 
-# (requests still to run, sampled requests, their observed lengths) -> a controller whose
-# indices are positions in the first array.
-RestPlanner = Callable[[np.ndarray, np.ndarray, np.ndarray], AdmissionController]
+LONG_AFTER = 256  # output tokens after which a sample still running no longer holds the plan back
+LONG_FACTOR = 4  # ... nor one past this many times the longest sample that finished
+REPLAN_MOVE = 0.25  # relative change of the rest's estimated output that plans the rest again
+MAX_REPLANS = 8  # re-plans per run at most: each one is a planner call (its cost is the policy's)
+
+
+class RestPlanner(Protocol):
+    def estimate(self, observed: dict[int, float]) -> np.ndarray:
+        """(n,) estimated output tokens of every request, from the lengths observed so far (index -> tokens)."""
+        ...
+
+    def plan(self, rest: np.ndarray, estimates: np.ndarray) -> AdmissionController:
+        """The policy over ``rest`` (request indices) on ``estimates``; its indices are positions in ``rest``."""
+        ...
 
 
 class WarmupController:
     """Implements ``blendserve.scheduling.admission.AdmissionController`` over the whole batch."""
 
-    def __init__(self, sampled: np.ndarray, others: np.ndarray, plan: RestPlanner, seed: int = 0) -> None:
+    def __init__(self, sampled: np.ndarray, others: np.ndarray, planner: RestPlanner, caps: np.ndarray,
+                 seed: int = 0, check_every: int | None = None) -> None:
         self.sampled = np.asarray(sampled, dtype=np.int64)
         self.fillers = np.random.default_rng(seed).permutation(np.asarray(others, dtype=np.int64))
-        self.plan = plan
-        self.observed: dict[int, int] = {}  # sampled index -> output tokens, filled by on_finish
+        self.planner = planner
+        self.caps = np.asarray(caps, dtype=np.int64)  # max_tokens by request index: bounds a censored length
+        self.observed: dict[int, int] = {}  # request index -> output tokens, every finished request
+        self.running: dict[int, int] = {}  # admitted, unfinished request -> output tokens reported so far
         self._is_sample = set(self.sampled.tolist())
         self._next_sample = 0  # samples admitted so far
         self._next_filler = 0  # fillers admitted so far (they run unplanned, before the plan exists)
-        self.inner: AdmissionController | None = None  # the plan's controller, once every sample is back
-        self._rest = np.zeros(0, dtype=np.int64)  # batch index of each inner position
-        self._inner_of: dict[int, int] = {}  # batch index -> inner position, for reports back
+        self.inner: AdmissionController | None = None  # the plan's controller, once the sample allows one
+        self._rest = np.zeros(0, dtype=np.int64)  # request index of each inner position
+        self._inner_of: dict[int, int] = {}  # request index -> inner position, for reports back
+        self.estimates: np.ndarray | None = None  # what the current plan was made on
+        n = len(self.sampled) + len(self.fillers)
+        self.check_every = check_every or max(64, n // 100)  # finishes between two looks at the estimates
+        self._since_check = 0
+        self.replans = 0  # plans made after the first
 
     def next_request(self, state: EngineState) -> int | None:
         if self._next_sample < len(self.sampled):
             self._next_sample += 1
-            return int(self.sampled[self._next_sample - 1])
-        if self.inner is None and len(self.observed) == len(self.sampled):
-            self._make_plan()
+            return self._admitted(int(self.sampled[self._next_sample - 1]))
+        if self.inner is None and self._sample_known():
+            self._make_plan(self.planner.estimate(self._evidence()))
         if self.inner is None:
             if self._next_filler >= len(self.fillers):
                 return None
             self._next_filler += 1
-            return int(self.fillers[self._next_filler - 1])
+            return self._admitted(int(self.fillers[self._next_filler - 1]))
         picked = self.inner.next_request(state)
-        return None if picked is None else int(self._rest[picked])
+        return None if picked is None else self._admitted(int(self._rest[picked]))
 
-    def _make_plan(self) -> None:
-        self._rest = np.sort(self.fillers[self._next_filler :])
-        observed = np.array([self.observed[int(i)] for i in self.sampled], dtype=np.int64)
+    def _admitted(self, index: int) -> int:
+        self.running[index] = 0
+        return index
+
+    def _sample_known(self) -> bool:
+        """Every sampled request finished, or ran long enough to count at its expected length."""
+        finished = [self.observed[i] for i in self.sampled.tolist() if i in self.observed]
+        long_after = max(LONG_AFTER, LONG_FACTOR * max(finished, default=0))
+        return all(i in self.observed or self.running.get(i, 0) >= long_after for i in self.sampled.tolist())
+
+    def _evidence(self) -> dict[int, float]:
+        """Finished lengths, and for requests running ``LONG_FACTOR`` times past their estimate and past
+        ``LONG_AFTER`` tokens, the length expected of them given their progress."""
+        evidence: dict[int, float] = dict(self.observed)
+        for index, done in self.running.items():
+            believed = 0 if self.estimates is None else self.estimates[index]
+            if done >= max(LONG_FACTOR * believed, LONG_AFTER):
+                evidence[index] = float(censored_length(done, self.caps[index]))
+        return evidence
+
+    def _unadmitted(self) -> np.ndarray:
+        """Request indices the controller has not handed to the engine yet (fillers left, or the plan's rest)."""
+        if self.inner is None:
+            return np.sort(self.fillers[self._next_filler :])
+        return np.array([i for i in self._rest.tolist() if i not in self.running and i not in self.observed],
+                        dtype=np.int64)
+
+    def _make_plan(self, estimates: np.ndarray) -> None:
+        self._rest = self._unadmitted()
+        self.estimates = estimates
         # Everything may have run already (a 100% sample, or fillers took the rest): nothing to plan.
-        self.inner = self.plan(self._rest, self.sampled, observed) if len(self._rest) else StaticOrder([])
+        self.inner = self.planner.plan(self._rest, estimates) if len(self._rest) else StaticOrder([])
         self._inner_of = {int(b): k for k, b in enumerate(self._rest)}
 
+    def _maybe_replan(self) -> None:
+        """Look at the estimates again every ``check_every`` finishes; plan the rest again if they moved."""
+        self._since_check += 1
+        if self.inner is None or self.replans >= MAX_REPLANS or self._since_check < self.check_every:
+            return
+        self._since_check = 0
+        rest = self._unadmitted()
+        if len(rest) == 0:
+            return
+        fresh = self.planner.estimate(self._evidence())
+        before = float(np.sum(self.estimates[rest]))
+        if abs(float(np.sum(fresh[rest])) - before) >= REPLAN_MOVE * max(before, 1.0):
+            self.replans += 1
+            self._make_plan(fresh)
+
     def on_progress(self, index: int, output_tokens: int) -> None:
+        if index in self.running:
+            self.running[index] = int(output_tokens)
         if self.inner is not None and index in self._inner_of:
             self.inner.on_progress(self._inner_of[index], output_tokens)
 
     def on_finish(self, index: int, output_tokens: int) -> None:
-        if index in self._is_sample:
-            self.observed[index] = int(output_tokens)
-        elif self.inner is not None and index in self._inner_of:
+        self.running.pop(index, None)
+        self.observed[index] = int(output_tokens)
+        if self.inner is not None and index in self._inner_of:
             self.inner.on_finish(self._inner_of[index], output_tokens)
+        self._maybe_replan()
 
     def remaining(self) -> int:
         left = len(self.sampled) - self._next_sample
@@ -85,6 +156,29 @@ class WarmupController:
         """Requests admitted as fillers, before the plan existed."""
         return self._next_filler
 
+    def sample_lengths(self) -> dict[int, int]:
+        """Request index -> output tokens of the sampled requests that finished."""
+        return {i: n for i, n in self.observed.items() if i in self._is_sample}
+
+
+class BatchPlanner:
+    """``RestPlanner`` over a whole batch: estimates from its prefix tree, ``policy`` over the rest."""
+
+    def __init__(self, batch: RequestBatch, tree: PrefixTree, cost_model: CostModel, kv_capacity_tokens: int,
+                 policy: str, seed: int = 0) -> None:
+        self.batch, self.tree, self.cost_model = batch, tree, cost_model
+        self.kv_capacity_tokens, self.policy, self.seed = kv_capacity_tokens, policy, seed
+
+    def estimate(self, observed: dict[int, float]) -> np.ndarray:
+        index = np.fromiter(observed, np.int64, len(observed))
+        lengths = np.fromiter(observed.values(), np.float64, len(observed))
+        return estimate_outputs(self.batch, self.tree, index, lengths).mean
+
+    def plan(self, rest: np.ndarray, estimates: np.ndarray) -> AdmissionController:
+        context = PolicyContext(self.batch.take(rest), estimates[rest], self.cost_model, self.kv_capacity_tokens,
+                                self.seed)
+        return make_controller(self.policy, context)
+
 
 def warmup_controller(
     batch: RequestBatch,
@@ -95,18 +189,12 @@ def warmup_controller(
     policy: str = "blendserve",
     seed: int = 0,
 ) -> WarmupController:
-    """A ``WarmupController`` over ``batch`` whose plan is ``policy`` with estimates from the sample.
+    """A ``WarmupController`` over ``batch`` whose plans are ``policy`` on the estimates learnt so far.
 
     ``tree`` is the batch's prefix tree, ``sampled`` its warm-up sample.
     Duplicates of sampled inferences must already be out of ``batch``
     (``split_warmup(...).fanned``): their answer is the sample's.
     """
-
     others = np.setdiff1d(np.arange(len(batch)), sampled)
-
-    def plan(rest: np.ndarray, sampled_idx: np.ndarray, observed: np.ndarray) -> AdmissionController:
-        estimates = estimate_outputs(batch, tree, sampled_idx, observed)
-        context = PolicyContext(batch.take(rest), estimates.mean[rest], cost_model, kv_capacity_tokens, seed)
-        return make_controller(policy, context)
-
-    return WarmupController(sampled, others, plan, seed)
+    planner = BatchPlanner(batch, tree, cost_model, kv_capacity_tokens, policy, seed)
+    return WarmupController(sampled, others, planner, batch.max_tokens, seed)
