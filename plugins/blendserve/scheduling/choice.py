@@ -142,11 +142,17 @@ def _spread_candidate(keys: np.ndarray) -> Candidate:
 
 
 def first_candidates(context: PolicyContext, items: ScanItems, cuts: np.ndarray) -> dict[str, Candidate]:
-    """What ``blendserve`` chooses from first: the projected dual scan and the fixed-lead blend."""
-    return {
-        "dual-scan": lambda sub, kept: ProjectedDualScan(sub, context.kv_capacity_tokens),
-        SPREAD: _spread_candidate(spread_keys(items, cuts, lead=SPREAD_LEAD)),
-    }
+    """What ``blendserve`` chooses from first: the projected dual scan and the fixed-lead blend (the blend
+    alone when the context asks for lists)."""
+    first: dict[str, Candidate] = {}
+    if not context.lists_only:
+        first["dual-scan"] = lambda sub, kept: ProjectedDualScan(sub, context.kv_capacity_tokens)
+    first[SPREAD] = _spread_candidate(spread_keys(items, cuts, lead=SPREAD_LEAD))
+    # The input order and a random one, as the items list them: what blendserve must never lose to.
+    first["fcfs"] = lambda sub, kept: StaticOrder(np.sort(sub.requests))
+    first["balance"] = lambda sub, kept: StaticOrder(sub.requests[np.random.default_rng(context.seed).permutation(
+        len(sub.requests))])
+    return first
 
 
 def deadline_candidates(items: ScanItems, cuts: np.ndarray, run_steps: float) -> dict[str, Candidate]:

@@ -26,6 +26,7 @@ class PolicyContext:
     cost_model: CostModel
     kv_capacity_tokens: int  # the engine's KV memory M, in tokens
     seed: int = 0
+    lists_only: bool = False  # work already in flight that a run-time controller would not see: lists only
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,9 @@ class RestPlanner(Protocol):
         """(n,) estimated output tokens of every request, from the lengths observed so far (index -> tokens)."""
         ...
 
-    def plan(self, rest: np.ndarray, estimates: np.ndarray) -> AdmissionController:
-        """The policy over ``rest`` (request indices) on ``estimates``; its indices are positions in ``rest``."""
+    def plan(self, rest: np.ndarray, estimates: np.ndarray, lists_only: bool) -> AdmissionController:
+        """The policy over ``rest`` (request indices) on ``estimates``; its indices are positions in ``rest``.
+        ``lists_only``: the policy must admit a fixed list (``PolicyContext.lists_only``)."""
         ...
 
 
@@ -94,11 +95,17 @@ class WarmupController:
         return all(i in self.observed or self.running.get(i, 0) >= long_after for i in self.sampled.tolist())
 
     def _evidence(self) -> dict[int, float]:
-        """Finished lengths, and for requests running ``LONG_FACTOR`` times past their estimate and past
-        ``LONG_AFTER`` tokens, the length expected of them given their progress."""
-        evidence: dict[int, float] = dict(self.observed)
+        """What the estimates are made from: the sample's lengths, finished or, for samples past
+        ``LONG_AFTER`` tokens, expected given their progress; and any request running ``LONG_FACTOR`` times
+        past its estimate and past ``LONG_AFTER``, at its expected length.
+
+        Other finished requests are left out: early finishers are the short ones, so they would pull a
+        stratum's mean down while its long requests still run. The sample is drawn before anything runs
+        and stays an unbiased draw; the stream adds only the surprises.
+        """
+        evidence: dict[int, float] = {i: float(n) for i, n in self.observed.items() if i in self._is_sample}
         for index, done in self.running.items():
-            believed = 0 if self.estimates is None else self.estimates[index]
+            believed = 0 if self.estimates is None or index in self._is_sample else self.estimates[index]
             if done >= max(LONG_FACTOR * believed, LONG_AFTER):
                 evidence[index] = float(censored_length(done, self.caps[index]))
         return evidence
@@ -110,11 +117,11 @@ class WarmupController:
         return np.array([i for i in self._rest.tolist() if i not in self.running and i not in self.observed],
                         dtype=np.int64)
 
-    def _make_plan(self, estimates: np.ndarray) -> None:
+    def _make_plan(self, estimates: np.ndarray, lists_only: bool = False) -> None:
         self._rest = self._unadmitted()
         self.estimates = estimates
         # Everything may have run already (a 100% sample, or fillers took the rest): nothing to plan.
-        self.inner = self.planner.plan(self._rest, estimates) if len(self._rest) else StaticOrder([])
+        self.inner = self.planner.plan(self._rest, estimates, lists_only) if len(self._rest) else StaticOrder([])
         self._inner_of = {int(b): k for k, b in enumerate(self._rest)}
 
     def _maybe_replan(self) -> None:
@@ -122,6 +129,8 @@ class WarmupController:
         self._since_check += 1
         if self.inner is None or self.replans >= MAX_REPLANS or self._since_check < self.check_every:
             return
+        if not is_list(self.inner):
+            return  # a run-time controller books what it admitted: a fresh one would not see it in flight
         self._since_check = 0
         rest = self._unadmitted()
         if len(rest) == 0:
@@ -130,7 +139,7 @@ class WarmupController:
         before = float(np.sum(self.estimates[rest]))
         if abs(float(np.sum(fresh[rest])) - before) >= REPLAN_MOVE * max(before, 1.0):
             self.replans += 1
-            self._make_plan(fresh)
+            self._make_plan(fresh, lists_only=True)  # a list now: the old one's work is in flight, unbooked
 
     def on_progress(self, index: int, output_tokens: int) -> None:
         if index in self.running:
@@ -161,6 +170,13 @@ class WarmupController:
         return {i: n for i, n in self.observed.items() if i in self._is_sample}
 
 
+def is_list(controller: AdmissionController) -> bool:
+    """Whether the controller admits a fixed list (the engine's own admission fills the KV), so swapping it
+    for another list mid-run loses no booking."""
+    inner = getattr(controller, "controller", controller)  # a ChosenAdmission delegates to its pick
+    return isinstance(inner, StaticOrder)
+
+
 class BatchPlanner:
     """``RestPlanner`` over a whole batch: estimates from its prefix tree, ``policy`` over the rest."""
 
@@ -174,9 +190,9 @@ class BatchPlanner:
         lengths = np.fromiter(observed.values(), np.float64, len(observed))
         return estimate_outputs(self.batch, self.tree, index, lengths).mean
 
-    def plan(self, rest: np.ndarray, estimates: np.ndarray) -> AdmissionController:
+    def plan(self, rest: np.ndarray, estimates: np.ndarray, lists_only: bool) -> AdmissionController:
         context = PolicyContext(self.batch.take(rest), estimates[rest], self.cost_model, self.kv_capacity_tokens,
-                                self.seed)
+                                self.seed, lists_only)
         return make_controller(self.policy, context)
 
 
