@@ -201,4 +201,4 @@ def test_inline_warmup_admits_samples_first_and_every_request_once() -> None:
     assert sorted(admitted) == list(range(len(batch)))  # every request once: none twice, none lost
     assert admitted[: len(sampled)] == sampled.tolist()
     assert controller.inner is not None and 0 < controller.unplanned < len(batch) - len(sampled)
-    assert controller.observed == {int(i): int(batch.sim_output_tokens[i]) for i in sampled}
+    assert controller.sample_lengths() == {int(i): int(batch.sim_output_tokens[i]) for i in sampled}

@@ -60,9 +60,10 @@ def plan_shard(config: RunConfig, runs: list[str], done: dict[str, int]) -> Shar
     requests, with the registry's policy: the admission the simulator
     predicts is the one that runs. With a warm-up, the shard's sample runs
     first and random fillers keep the engine busy meanwhile
-    (``scheduling.warmup.WarmupController``); once every sampled answer is back, the
-    policy orders the rest on the estimates. A retry counts the committed
-    answers: no sampled request runs twice. fcfs and balance keep the plan's
+    (``scheduling.warmup.WarmupController``); once the sample's answers are
+    back (or its long ones far enough along), the policy orders the rest on the
+    estimates, and orders it again when later answers move them. A retry counts
+    the committed answers: no sampled request runs twice. fcfs and balance keep the plan's
     order, which is already theirs.
     """
     requests = read_requests(config, runs)
@@ -97,34 +98,37 @@ class ShardScheduler:
         position = {i: b for b, i in enumerate(self.ids)}
         self.todo_index = np.array([position[i] for i in todo], dtype=np.int64)
         if not self.learns:
-            return self._policy(np.arange(len(todo)))
+            return self.plan(np.arange(len(todo)), default_output_estimates(self.inputs.batch)[self.todo_index])
         is_sample = np.isin(self.todo_index, self.sampled)
-        self.run = WarmupController(np.flatnonzero(is_sample), np.flatnonzero(~is_sample), self._replan)
+        caps = self.inputs.batch.max_tokens[self.todo_index]
+        self.run = WarmupController(np.flatnonzero(is_sample), np.flatnonzero(~is_sample), self, caps)
         return self.run
 
-    def _replan(self, rest: np.ndarray, sampled: np.ndarray, observed: np.ndarray) -> AdmissionController:
-        self.lengths.update(zip(self.todo_index[sampled].tolist(), np.asarray(observed).tolist()))
-        return self._policy(rest)
+    def estimate(self, observed: dict[int, float]) -> np.ndarray:
+        """``RestPlanner``: (todo,) estimates by engine index, from this try's observations (engine index ->
+        tokens) and the sample lengths earlier tries committed."""
+        lengths: dict[int, float] = dict(self.lengths)
+        lengths.update({int(self.todo_index[e]): n for e, n in observed.items()})
+        return self._estimates(lengths).mean[self.todo_index]
 
-    def _policy(self, rest: np.ndarray) -> AdmissionController:
-        """The policy over ``rest`` (engine indices; the controller's indices are positions in it)."""
+    def plan(self, rest: np.ndarray, estimates: np.ndarray, lists_only: bool = False) -> AdmissionController:
+        """``RestPlanner``: the policy over ``rest`` (engine indices; the controller's are positions in it)."""
         rows = self.todo_index[rest]
-        batch = self.inputs.batch
-        estimates = self.estimates().mean if self.learns else default_output_estimates(batch)
-        context = PolicyContext(batch.take(rows), estimates[rows], self.inputs.cost, self.inputs.kv_capacity)
+        context = PolicyContext(self.inputs.batch.take(rows), estimates[rest], self.inputs.cost,
+                                self.inputs.kv_capacity, lists_only=lists_only)
         return make_controller(self.config.policy, context)
 
-    def estimates(self) -> Estimates:
-        sampled = np.array(sorted(self.lengths), dtype=np.int64)
-        observed = np.array([self.lengths[b] for b in sampled], dtype=np.int64)
+    def _estimates(self, lengths: dict[int, float]) -> Estimates:
+        sampled = np.array(sorted(lengths), dtype=np.int64)
+        observed = np.array([lengths[b] for b in sampled], dtype=np.float64)
         return estimate_outputs(self.inputs.batch, self.tree, sampled, observed)
 
     def table(self) -> pa.Table | None:
         """The ``samples`` rows of this shard, with every sampled length observed so far (None: no warm-up)."""
         if not self.learns:
             return None
-        observed = self.run.observed if self.run is not None else {}  # engine index -> tokens
+        observed = self.run.sample_lengths() if self.run is not None else {}  # engine index -> tokens
         self.lengths.update({int(self.todo_index[e]): int(n) for e, n in observed.items()})
         actual = np.full(len(self.ids), -1, dtype=np.int64)
         actual[list(self.lengths)] = list(self.lengths.values())
-        return estimate_table(self.inputs.batch, self.estimates(), actual)
+        return estimate_table(self.inputs.batch, self._estimates(self.lengths), actual)

@@ -153,7 +153,7 @@ def _overlay_strata(stratum: np.ndarray, sampled_idx: np.ndarray, observed: np.n
                     quantile: float, mean: np.ndarray, high: np.ndarray, std: np.ndarray, kind: np.ndarray,
                     source: np.ndarray) -> None:
     """A request takes its stratum's samples where the stratum has ``min_samples`` and they vary less (standard
-    deviation over mean) than those of the subtree that estimated it, or no subtree of its own did."""
+    deviation over mean) than those of the subtree that estimated it, or no subtree did."""
     if not len(sampled_idx):
         return
     of_sample = stratum[sampled_idx]
@@ -164,7 +164,7 @@ def _overlay_strata(stratum: np.ndarray, sampled_idx: np.ndarray, observed: np.n
         s_mean = total / count
         s_std = np.sqrt(np.maximum(squares / count - s_mean**2, 0.0))
         better = (count[stratum] >= min_samples) & (
-            (kind != SUBTREE) | (s_std[stratum] / s_mean[stratum] < std / np.maximum(mean, 1e-9)))
+            (kind == NO_SAMPLE) | (s_std[stratum] / s_mean[stratum] < std / np.maximum(mean, 1e-9)))
     for s in np.unique(stratum[better]).tolist():
         at = better & (stratum == s)
         values = observed[of_sample == s]
