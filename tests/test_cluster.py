@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -38,7 +37,7 @@ log = logging.getLogger("cluster-test")
 CLUSTER = REPO / "bin" / "airflow-cluster"
 HOME = REPO / ".cache" / "cluster" / "test"  # PostgreSQL's data dir too: a path the postgres user can reach
 WORK = REPO / "out" / "cluster-test"  # inside the default data roots
-ROWS, SHARDS, GPU_SLOTS = 32, 4, 2
+ROWS, SHARDS, GPU_SLOTS = 40, 4, 2
 HEARTBEAT_TIMEOUT_S = 30  # a dead task is seen in seconds (Airflow's default: 300)
 RUN_TIMEOUT_S = 540
 
@@ -115,36 +114,33 @@ def cluster():
         log.info("stopped: no process of the cluster left")
 
 
-def shard_of(ti: dict) -> int | None:
-    """The shard a mapped infer task serves (its map index template renders 'shard N' once it runs)."""
-    match = re.fullmatch(r"shard (\d+)", ti["rendered_map_index"] or "")
-    return int(match.group(1)) if match else None
-
-
 def parts_of(shard_dir: Path) -> list[str]:
     return sorted(p.name for p in shard_dir.glob("part-*.parquet"))
 
 
-def kill_gpu_worker_mid_shard(c: Cluster, run_dir: Path, run_id: str) -> tuple[int, list[str]]:
-    """Wait until a shard on gpu-1 has committed part files but not finished, then kill gpu-1 whole.
+def inferences(run_dir: Path, shard: int) -> int:
+    """Requests the shard runs on the engine (its plan rows less the duplicates, which are copied later)."""
+    plan = pq.read_table(run_dir / "plan.parquet").filter(pc.equal(pc.field("shard"), shard))
+    return plan.filter(pc.equal(pc.field("request_id"), pc.field("answered_by"))).num_rows
+
+
+def kill_gpu_worker_mid_shard(c: Cluster, run_dir: Path) -> tuple[int, list[str]]:
+    """Watch the shard folders until a shard has committed part files but not all of them, then kill gpu-1
+    whole at once. Only infer tasks write there, and only the gpu worker runs them, so the files alone say a
+    shard is serving on gpu-1 (a REST round trip first would let a short shard finish; REST confirms after).
     Returns the shard and its part files as they stand after the kill."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < deadline:
-        for ti in c.task_instances(run_id):
-            if ti["task_id"] != "infer" or ti["state"] != "running" or ti["hostname"] != "gpu-1":
-                continue
-            shard = shard_of(ti)
-            if shard is None:
-                continue
-            shard_dir = run_dir / "parts" / f"shard-{shard:05d}"
-            if parts_of(shard_dir) and not (shard_dir / "stats.json").exists():
+        for shard_dir in sorted((run_dir / "parts").glob("shard-*")):
+            shard = int(shard_dir.name.removeprefix("shard-"))
+            if 0 < len(parts_of(shard_dir)) < inferences(run_dir, shard):  # one result per part file
                 c.run("kill", "gpu-1")
                 committed = parts_of(shard_dir)
-                log.info("killed gpu-1 while shard %d (try %d) was serving, after %d part files", shard,
-                         ti["try_number"], len(committed))
+                log.info("killed gpu-1 while shard %d was serving, after %d of its %d part files", shard,
+                         len(committed), inferences(run_dir, shard))
                 return shard, committed
-        time.sleep(0.2)
-    raise TimeoutError("no shard on gpu-1 was ever caught between its first part file and its end")
+        time.sleep(0.1)
+    raise TimeoutError("no shard was ever caught between its first and its last part file")
 
 
 def test_celery_cluster_survives_a_killed_gpu_worker(cluster: Cluster) -> None:
@@ -163,7 +159,13 @@ def test_celery_cluster_survives_a_killed_gpu_worker(cluster: Cluster) -> None:
     log.info("triggered %s over REST: %s", run_id, conf)
     run_dir = WORK / "runs" / safe_run_id(run_id)
 
-    killed_shard, committed = kill_gpu_worker_mid_shard(cluster, run_dir, run_id)
+    killed_shard, committed = kill_gpu_worker_mid_shard(cluster, run_dir)
+    value = cluster.api(f"dags/blendserve_batch/dagRuns/{quote(run_id)}/taskInstances/plan/xcomEntries/return_value")["value"]
+    map_index = (json.loads(value) if isinstance(value, str) else value).index(killed_shard)  # plan's shards, in map order
+    killed = next(ti for ti in cluster.task_instances(run_id) if (ti["task_id"], ti["map_index"]) == ("infer", map_index))
+    log.info("REST after the kill: infer[%d] (shard %d) %s, try %d, on %s", map_index, killed_shard, killed["state"],
+             killed["try_number"], killed["hostname"])
+    assert (killed["state"], killed["try_number"], killed["hostname"]) == ("running", 1, "gpu-1")
     cluster.run("worker", "gpu-2", "gpu", "1")
 
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -176,7 +178,7 @@ def test_celery_cluster_survives_a_killed_gpu_worker(cluster: Cluster) -> None:
     assert state == "success", f"run {run_id} ended {state}; logs in {HOME}"
 
     # Placement: shards on the gpu workers only, in the gpu pool; everything else on the default worker.
-    infers = {shard_of(ti): ti for ti in tis if ti["task_id"] == "infer"}
+    infers = {ti["map_index"]: ti for ti in tis if ti["task_id"] == "infer"}
     assert sorted(infers) == list(range(SHARDS))
     for ti in tis:
         if ti["task_id"] == "infer":
@@ -185,19 +187,18 @@ def test_celery_cluster_survives_a_killed_gpu_worker(cluster: Cluster) -> None:
             assert (ti["queue"], ti["hostname"], ti["state"]) == ("default", "cpu-1", "success"), ti
 
     # The killed shard: retried once, on the replacement worker; the other shards ran once.
-    assert (infers[killed_shard]["try_number"], infers[killed_shard]["hostname"]) == (2, "gpu-2")
-    assert all(ti["try_number"] == 1 for shard, ti in infers.items() if shard != killed_shard)
+    assert (infers[map_index]["try_number"], infers[map_index]["hostname"]) == (2, "gpu-2")
+    assert all(ti["try_number"] == 1 for index, ti in infers.items() if index != map_index)
 
     # It resumed from the part files committed before the kill: they are still there, unchanged in
     # number, and the second try served only the rest (its log and the shard's stats.json say so).
     shard_dir = run_dir / "parts" / f"shard-{killed_shard:05d}"
     assert set(committed) <= set(parts_of(shard_dir))
     done = sum(pq.read_metadata(shard_dir / name).num_rows for name in committed)
-    plan = pq.read_table(run_dir / "plan.parquet").filter(pc.equal(pc.field("shard"), killed_shard))
-    runs = plan.filter(pc.equal(pc.field("request_id"), pc.field("answered_by"))).num_rows
+    runs = inferences(run_dir, killed_shard)
     served = json.loads((shard_dir / "stats.json").read_text())["served"]
     assert 0 < done < runs and served == runs - done
-    attempt = f"dag_id=blendserve_batch/run_id={run_id}/task_id=infer/map_index={infers[killed_shard]['map_index']}"
+    attempt = f"dag_id=blendserve_batch/run_id={run_id}/task_id=infer/map_index={map_index}"
     first = (HOME / "workers" / "gpu-1" / "airflow" / "logs" / attempt / "attempt=1.log").read_text()
     second = (HOME / "workers" / "gpu-2" / "airflow" / "logs" / attempt / "attempt=2.log").read_text()
     assert f"shard {killed_shard}: {runs} requests to serve (0 already committed)" in first
