@@ -129,7 +129,7 @@ def inferences(run_dir: Path, shard: int) -> int:
 
 
 def kill_gpu_worker_mid_shard(c: Cluster, run_dir: Path) -> tuple[int, list[str]]:
-    """Watch the shard folders until a shard has committed part files but not all of them, then kill gpu-1
+    """Watch the shard folders until a shard has committed some part files but not all, then kill gpu-1
     whole at once. Only infer tasks write there, and only the gpu worker runs them, so the files alone say a
     shard is serving on gpu-1 (a REST round trip first would let a short shard finish; REST confirms after).
     Returns the shard and its part files as they stand after the kill."""
@@ -137,7 +137,8 @@ def kill_gpu_worker_mid_shard(c: Cluster, run_dir: Path) -> tuple[int, list[str]
     while time.monotonic() < deadline:
         for shard_dir in sorted((run_dir / "parts").glob("shard-*")):
             shard = int(shard_dir.name.removeprefix("shard-"))
-            if 0 < len(parts_of(shard_dir)) < inferences(run_dir, shard):  # one result per part file
+            # one result per part file; two at least: the warm-up sample's and one of the re-planned rest
+            if 2 <= len(parts_of(shard_dir)) < inferences(run_dir, shard):
                 c.run("kill", "gpu-1")
                 committed = parts_of(shard_dir)
                 log.info("killed gpu-1 while shard %d was serving, after %d of its %d part files", shard,
