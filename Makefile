@@ -9,7 +9,7 @@ STAMP := $(VENV)/.setup-done
 MODEL_STAMP := .cache/models/smollm2-135m-instruct/.blendserve-complete
 DEMO_DB ?= out/demo.duckdb
 
-.PHONY: setup browser demo test test-fast bench clean
+.PHONY: setup browser demo test test-fast bench clean cluster-setup cluster-test
 
 setup: $(STAMP) $(MODEL_STAMP) browser
 
@@ -85,3 +85,24 @@ airflow-start: setup  ## Airflow in the background
 
 airflow-stop:
 	bin/airflow-local stop
+
+# Scale-out proven here: a CeleryExecutor cluster of processes (bin/airflow-cluster: PostgreSQL, Redis,
+# api-server, scheduler, dag-processor, two workers), one run on vLLM-CPU, a gpu worker killed mid-shard.
+# Needs Debian's PostgreSQL (initdb, pg_ctl) and redis-server (installed here when missing and we are root).
+CLUSTER_STAMP := $(VENV)/.cluster-setup-done
+
+cluster-setup: $(CLUSTER_STAMP)
+	@command -v redis-server >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } || \
+	  { echo "redis-server is missing and we are not root: sudo apt-get install redis-server" >&2; exit 1; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { echo "PostgreSQL is missing: sudo apt-get install postgresql" >&2; exit 1; }
+
+# -c requirements.txt: the cluster's packages never move a pin of the stack.
+$(CLUSTER_STAMP): requirements-cluster.txt
+	test -x $(PY) || { echo "run make setup first" >&2; exit 1; }
+	$(PIP) install -q -r requirements-cluster.txt -c requirements.txt
+	touch $(CLUSTER_STAMP)
+
+cluster-test: setup cluster-setup  ## the cluster test alone (minutes)
+	$(PY) -m pytest --cluster -m cluster -o log_cli=true --log-cli-level=INFO tests/test_cluster.py

@@ -19,7 +19,7 @@ lengths: the engine's real answer); the rest is planned with estimates from
 those lengths and run with BlendServe's dual scan. ``est-only`` is the same
 estimates with no separate phase (the estimator's quality alone); ``+warm-up``
 adds a separate phase's time; ``inline warm-up`` runs the sample inside the
-job's one engine run (``sampling.warmup_controller``: random fillers keep the
+job's one engine run (``scheduling.warmup.warmup_controller``: random fillers keep the
 engine busy until the sample is back, then the plan takes over). Throughput is (input + output tokens) / time, as the
 paper counts it. Llama-3.1-8B on one A100-80G.
 """
@@ -39,9 +39,8 @@ from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.scheduling.admission import StaticOrder
 from blendserve.scheduling.registry import PolicyContext, make_controller
-from blendserve.sampling import (
-    estimate_outputs, estimate_report, report_text, select_samples, split_warmup, warmup_controller,
-)
+from blendserve.sampling import estimate_outputs, estimate_report, report_text, select_samples, split_warmup
+from blendserve.scheduling.warmup import warmup_controller
 from blendserve.sim import SimConfig, simulate
 from blendserve.sim.compare import true_outputs
 from blendserve.sim.simulator import kv_capacity_tokens

@@ -94,8 +94,8 @@ PARAMS = {
     "max_model_len": Param(2048, type="integer", minimum=16, maximum=131072, description="Context length."),
     "kv_cache_gb": Param(1.0, type="number", exclusiveMinimum=0, description="KV cache (GB) on CPU."),
 }
-# Tests also pass "fail_after_rows" in the run conf (each shard's first try fails after that many rows);
-# it is no Param, so the form does not offer it.
+# Tests also pass "fail_after_rows" in the run conf (each shard's first try fails after that many rows)
+# and "part_rows"; they are no Params, so the form does not offer them.
 
 
 def run_config(params: dict, run_id: str, try_number: int = 1):
@@ -116,6 +116,8 @@ def run_config(params: dict, run_id: str, try_number: int = 1):
         keep_sharing=params["keep_sharing"], shards=params["shards"], default_max_tokens=params["max_tokens"],
         max_model_len=params["max_model_len"], kv_cache_gb=params["kv_cache_gb"],
         fail_after_rows=fail_after_rows if try_number == 1 else -1,  # injected faults hit the first try only
+        # tests pass "part_rows" in the run conf too (small part files: a shard killed mid-way has committed some)
+        **({"part_rows": params["part_rows"]} if "part_rows" in params else {}),
     )
 
 

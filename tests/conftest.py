@@ -111,3 +111,25 @@ def run_cli(*args: str, timeout: float = 300, **env: str) -> subprocess.Complete
     """``python -m blendserve ARGS`` in a child process, output captured as text."""
     return subprocess.run([sys.executable, "-m", "blendserve", *args], capture_output=True, text=True,
                           timeout=timeout, env=subprocess_env(**env), cwd=REPO)
+
+
+def pytest_configure(config) -> None:
+    # registered here, not in pyproject.toml: a change there re-runs `make setup` (its stamp depends on it)
+    config.addinivalue_line("markers", "cluster: starts a Celery cluster (bin/airflow-cluster) and kills a worker; "
+                                       "runs only with --cluster (make cluster-test)")
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--cluster", action="store_true",
+                     help="also run the Celery cluster test (tests/test_cluster.py; `make cluster-test`)")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The cluster test runs only when asked for (`make cluster-test`): minutes of wall time, PostgreSQL,
+    Redis and two workers; `make test` and `make test-fast` leave it out."""
+    if config.getoption("--cluster"):
+        return
+    left_out = [item for item in items if item.get_closest_marker("cluster")]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker("cluster")]

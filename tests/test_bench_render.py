@@ -23,3 +23,12 @@ def test_render_has_every_section(monkeypatch) -> None:
     for image in (line for line in page.splitlines() if line.startswith("![")):
         assert (render.DOCS / image.split("](", 1)[1].rstrip(")")).exists(), image
     sys.modules.pop("render", None)
+
+
+def test_every_bench_script_imports(monkeypatch) -> None:
+    """A renamed library module breaks a bench at its first line; `make bench` would find out half an hour in."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    for script in sorted(BENCH.glob("bench_*.py")):
+        importlib.import_module(script.stem)

