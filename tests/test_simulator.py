@@ -67,6 +67,43 @@ def test_lru_evicts_the_least_recently_used_leaf_first() -> None:
     assert cache.match_prefix(new)[0] == 0 and cache.match_prefix(old)[0] == 3
 
 
+def test_match_is_cut_back_to_whole_blocks_and_locks_only_those() -> None:
+    cache = RadixCache()
+    cache.insert(np.arange(40, dtype=np.int32))
+    hit, node = cache.match_prefix(np.arange(50, dtype=np.int32), block=16)
+    assert hit == 32 and cache.size == 40
+    cache.lock(node)
+    assert cache.evictable == 8  # the 8 tokens past the last whole block stay evictable
+    assert cache.match_prefix(np.arange(40, dtype=np.int32), limit=39, block=16)[0] == 32
+
+
+def sibling_batch(shared: int, tail: int) -> RequestBatch:
+    """Two prompts that share their first ``shared`` tokens and differ in the last ``tail``."""
+    prefix = np.arange(shared)
+    return make_batch([np.concatenate([prefix, np.arange(50_000 + i * tail, 50_000 + (i + 1) * tail)])
+                       for i in range(2)], [4, 4])
+
+
+@pytest.mark.parametrize("config", [
+    SimConfig(token_budget=8192),  # both start in step 1: the second hits the blocks the first was just allocated
+    SimConfig(token_budget=600),  # the first's prompt is cached chunk by chunk; the second starts in its last step
+    SimConfig(token_budget=8192, max_running=1),  # separate steps: the second starts after the first has finished
+], ids=["same-step", "chunked", "separate"])
+def test_siblings_hit_the_shared_prefix_whenever_they_start(config: SimConfig) -> None:
+    result = simulate(sibling_batch(1024, 8), np.array([4, 4]), COST, StaticOrder([0, 1]), config)
+    assert list(result.cached_tokens) == [0, 1024]
+    assert result.computed_tokens == 1032 + 8 + 2 * 3
+
+
+def test_same_step_siblings_start_together_and_share_one_copy_of_the_prefix() -> None:
+    batch = sibling_batch(1024, 8)
+    together = simulate(batch, np.array([4, 4]), COST, StaticOrder([0, 1]), SimConfig(token_budget=8192, kv_capacity_tokens=1100))
+    apart = simulate(batch, np.array([4, 4]), COST, StaticOrder([0, 1]), SimConfig(token_budget=8192, max_running=1))
+    assert together.steps == 4 and apart.steps == 8  # one prefill step for both, then three shared decodes
+    # two private copies of the prompt (2,064 tokens) would not fit in 1,100: the hit holds no second copy
+    assert together.preemptions == 0 and list(together.cached_tokens) == [0, 1024]
+
+
 @pytest.mark.parametrize("overlap", ["max", "sum"])
 def test_closed_form_decode_run_equals_the_loop(overlap: str) -> None:
     rng = np.random.default_rng(1)
@@ -95,8 +132,10 @@ def test_prefix_cache_hits_save_compute_of_the_shared_prefix() -> None:
     batch = make_batch(prompts, [5, 5, 5])
     on = simulate(batch, np.full(3, 5), COST, StaticOrder([0, 1, 2]), SimConfig(max_running=1))
     off = simulate(batch, np.full(3, 5), COST, StaticOrder([0, 1, 2]), SimConfig(max_running=1, prefix_cache=False))
-    assert on.hit_tokens == 2 * 500 and on.prefix_hit_ratio == pytest.approx(1000 / 1503)
-    assert off.hit_tokens == 0 and off.computed_tokens - on.computed_tokens == 1000
+    # hits are whole 16-token KV blocks, as vLLM shares them: 496 of the 500 shared tokens
+    assert on.hit_tokens == 2 * 496 and on.prefix_hit_ratio == pytest.approx(992 / 1503)
+    assert list(on.cached_tokens) == [0, 496, 496]
+    assert off.hit_tokens == 0 and off.computed_tokens - on.computed_tokens == 992
     assert on.total_time < off.total_time
 
 

@@ -54,6 +54,8 @@ class EngineCore:
         self.step, self.clock, self.uid = 0, 0.0, 0
         self.comp_total = self.mem_total = 0.0
         self.hit_tokens = self.lookup_tokens = self.computed_tokens = self.preemptions = 0
+        # per request, the prefix hit at its first start (-1: not started), as vLLM's num_cached_tokens
+        self.first_hit = np.full(len(batch), -1, dtype=np.int64)
         self.timeline = Timeline()
         self.per_token_comp = float(cost_model.comp_time(1))
         self.per_kv_read = float(cost_model.kv_read_time(1))
@@ -137,7 +139,8 @@ class EngineCore:
             hit, node = 0, None
             if self.tree:
                 tokens = self.batch.prompt(seq.idx)
-                hit, node = self.tree.match_prefix(tokens, min(seq.p, total - 1))
+                # at least the last token is computed, for its logits (vLLM's max_cache_hit_length)
+                hit, node = self.tree.match_prefix(tokens, min(seq.p, total - 1), self.config.block_size)
                 self.tree.lock(node)
             if not self._ensure(total - hit):  # room for the whole prompt, allocated chunk by chunk
                 if node is not None:
@@ -147,6 +150,8 @@ class EngineCore:
             self.running[seq.idx] = self.prefilling[seq.idx] = seq
             seq.node, seq.locked, seq.ctx, seq.left = node, hit, hit, total - hit
             self.hit_tokens += hit
+            if self.first_hit[seq.idx] < 0:
+                self.first_hit[seq.idx] = hit
             self.lookup_tokens += seq.p
             c = min(seq.left, budget)
             self._allocate_chunk(seq, c, chunks)
@@ -165,6 +170,25 @@ class EngineCore:
         seq.left -= c
         self.private += c
         chunks.append((seq, c))
+        if self.tree:
+            self._cache_scheduled(seq)
+
+    def _cache_scheduled(self, seq: Seq) -> None:
+        """Put the prompt KV scheduled so far in the tree: the whole prompt once all of it is, else its full blocks.
+
+        vLLM caches a request's full blocks when it allocates them for a step
+        (``KVCacheManager.allocate_slots``), so a request scheduled later in the
+        same step already hits them; waiting for the prefill to finish would
+        make siblings admitted together all miss.
+        """
+        n = seq.p if seq.ctx >= seq.p else seq.ctx - seq.ctx % self.config.block_size
+        if n <= seq.locked:
+            return
+        _, node = self.tree.insert(self.batch.prompt(seq.idx)[:n])
+        self.tree.lock(node)
+        self.tree.unlock(seq.node)
+        self.private += seq.locked - n  # those tokens' KV now lives in the tree (duplicates freed)
+        seq.node, seq.locked = node, n
 
     # -- costing --------------------------------------------------------------------------------
     def _mixed_step(self, n_dec: int, chunks: list[tuple[Seq, int]]) -> None:
@@ -206,13 +230,8 @@ class EngineCore:
 
     # -- state changes --------------------------------------------------------------------------
     def _prefill_done(self, seq: Seq) -> None:
-        """The prompt is in: cache it, take the output token it yields, then decode or finish."""
-        if self.tree:
-            _, node = self.tree.insert(self.batch.prompt(seq.idx))
-            self.tree.lock(node)
-            self.tree.unlock(seq.node)
-            self.private += seq.locked - seq.p  # prompt KV now lives in the tree (duplicates freed)
-            seq.node, seq.locked = node, seq.p
+        """The prompt is in (and already cached, when its last chunk was scheduled): take its output token,
+        then decode or finish."""
         del self.prefilling[seq.idx]
         seq.gen += 1
         seq.s0 = self.step

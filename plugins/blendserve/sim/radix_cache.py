@@ -45,8 +45,12 @@ class RadixCache:
         self._heap: list[tuple[int, int, RadixNode]] = []  # (last_access, tiebreak, candidate leaf)
         self._tiebreak = itertools.count()
 
-    def match_prefix(self, tokens: np.ndarray, limit: int | None = None) -> tuple[int, RadixNode]:
-        """Longest cached prefix of ``tokens[:limit]``: its length and the node where it ends."""
+    def match_prefix(self, tokens: np.ndarray, limit: int | None = None, block: int = 1) -> tuple[int, RadixNode]:
+        """Longest cached prefix of ``tokens[:limit]`` in whole ``block``-token blocks: its length and end node.
+
+        An engine with paged KV (vLLM) shares only full blocks, so a match is cut
+        back to a multiple of ``block``; the returned node ends exactly there.
+        """
         tokens = tokens[: len(tokens) if limit is None else limit]
         node, pos, now = self.root, 0, next(self._clock)
         while pos < len(tokens):
@@ -58,7 +62,16 @@ class RadixCache:
                 child = self._split(child, n)
             child.last_access = now
             node, pos = child, pos + n
-        return pos, node
+        return self._back_to_block(node, pos, pos - pos % block)
+
+    def _back_to_block(self, node: RadixNode, pos: int, target: int) -> tuple[int, RadixNode]:
+        """The node at depth ``target`` on the path to ``node`` (at depth ``pos``), splitting an edge if needed."""
+        while pos - len(node.key) >= target and pos > target:
+            pos -= len(node.key)
+            node = node.parent
+        if pos > target:
+            node = self._split(node, len(node.key) - (pos - target))
+        return target, node
 
     def insert(self, tokens: np.ndarray) -> tuple[int, RadixNode]:
         """Add ``tokens`` to the tree: the number of tokens newly stored, and the node where they end."""

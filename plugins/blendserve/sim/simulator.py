@@ -4,8 +4,11 @@ Each step: every decoding sequence feeds one token; the rest of the token
 budget goes to prefill chunks (running prefills first, then new requests).
 Step time is ``f(compute of the step's tokens, weight read + KV read)``.
 Prompts go through an LRU radix prefix cache: a hit skips the prefill compute
-of the cached tokens, not the reads of their KV. When KV runs out the newest
-sequence is preempted and later recomputed (prompt and output so far).
+of the cached tokens, not the reads of their KV. As in vLLM, a prompt's full
+KV blocks are cached when its chunk is scheduled, so a request started later
+in the same step hits them, and hits are whole blocks (``block_size``). When
+KV runs out the newest sequence is preempted and later recomputed (prompt and
+output so far).
 
 Admission goes only through the ``AdmissionController`` protocol: the engine
 asks ``next_request`` whenever it has room (a free sequence slot and nothing
@@ -43,6 +46,7 @@ class SimConfig:
     overlap: str = "max"  # f of a step: "max" (compute and memory overlap) or "sum"
     attention_flops: bool = False  # add attention FLOPs (QK^T, AV) to each step's compute
     prefix_cache: bool = True  # reuse cached prompt prefixes (radix cache)
+    block_size: int = 16  # KV block in tokens (vLLM's default on GPUs): prefix hits are whole blocks
     progress_first: int = 16  # first output count reported by on_progress (then doubling)
 
 
@@ -62,10 +66,11 @@ class SimResult:
     comp_time: float  # sum of the steps' compute-bound seconds
     mem_time: float  # sum of the steps' memory-bound seconds (weights + KV)
     timeline: Timeline  # per-step (or per run of decode steps) compute and memory use
+    cached_tokens: np.ndarray  # per request, prompt tokens its first start found cached (vLLM's num_cached_tokens)
 
     def summary(self) -> dict[str, float | int]:
         """The scalar fields, for printing or JSON."""
-        return {k: v for k, v in self.__dict__.items() if k != "timeline"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("timeline", "cached_tokens")}
 
 
 def kv_capacity_tokens(cost_model: CostModel, config: SimConfig) -> int:
@@ -113,4 +118,5 @@ def simulate(
         comp_time=core.comp_total,
         mem_time=core.mem_total,
         timeline=core.timeline,
+        cached_tokens=core.first_hit,
     )
