@@ -1,29 +1,37 @@
 """Quality of every policy in the simulator on the paper's four mixes.
 
-    .venv/bin/python bench/bench_policies.py [--requests 40000] [--setup 8b|70b] [--mixes ...] [--out]
+    .venv/bin/python bench/bench_policies.py [--requests 40000] [--setup 8b|70b] [--lengths hidden|known]
+        [--mixes ...] [--out]
 
 Builds each mix from ../shared/data once for the setup (its density solved on
 that model and hardware; cached in .cache/bench/), runs all policies from one
-process with the warm-up sampler's estimates (1% sampled, their true lengths
-observed, the rest inferred per subtree; known lengths exact), on the engine's
-resource-aware token budget (the same for every policy; ``--token-budget``
-overrides it), and prints the fraction of T_opt (with the KV-capacity step
-bound, docs/COST_MODEL.md), the speed-up over dfs and the prefix sharing kept
-relative to dfs, side by side, then the averages against the paper's.
-``--estimates default`` plans with known lengths else max_tokens instead (no
-warm-up). ``--out`` writes bench/results/policies-<setup>.json and two PNGs
-under docs/img/ (fraction of optimum, and sharing per policy as the paper's
-Figure 9).
+process on the engine's resource-aware token budget (the same for every
+policy; ``--token-budget`` overrides it), and prints the fraction of T_opt
+(with the KV-capacity step bound, docs/COST_MODEL.md), the speed-up over dfs
+and the prefix sharing kept relative to dfs, side by side, then the averages
+against the paper's.
+
+``--lengths hidden`` (the default, the headline): no length is known, every
+request has the mix's one round ``max_tokens`` (printed), and each policy runs
+as a pipeline shard runs it: a 1% warm-up sample first, its time counted, then
+the plan on the estimates it gives (``as_shard.py``). ``--lengths known``: the
+upper bound, planning on the mix as built (video lengths known, per-request
+caps) with the warm-up sampler's estimates and no warm-up time; there
+``--estimates default`` plans with known lengths else max_tokens instead.
+``--out`` writes bench/results/policies-<setup>[-known][-<size>].json and two
+PNGs under docs/img/ (fraction of optimum, and sharing per policy as the
+paper's Figure 9).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
+from as_shard import run_policies
 from blendserve.sim import SimConfig
-from blendserve.sim.compare import compare_policies, true_outputs, warmup_estimates
 from blendserve.workload import MIXES
-from common import SETUPS, img_path, load_mix, size_suffix, write_result
+from common import LENGTHS, SETUPS, img_path, lengths_suffix, load_mix, size_suffix, write_result
 from plots import policy_bars
 from tables import chose_label, summarize
 
@@ -32,6 +40,21 @@ POLICIES = ["fcfs", "balance", "density", "dfs", "blendserve-nosplit", "blendser
 # The paper's averages (docs: ../shared/DESIGN.md section 10); the 70B figure is its 8-GPU result.
 PAPER = {"8b": {"opt": 0.8655, "speedup": 1.2084, "sharing": 0.97, "dfs_opt": 0.717},
          "70b": {"opt": 0.908, "speedup": 1.2084, "sharing": 0.97, "dfs_opt": None}}
+
+
+def describe_lengths(lengths: str, cap: int | None, report: dict) -> str:
+    """How the policies saw the lengths, for the mix's header line."""
+    if lengths == "known":
+        return "known (upper bound: video lengths known, per-request caps, sample's time not counted)"
+    sampled = max((r.get("sampled", 0) for r in report["policies"]), default=0)
+    return f"hidden (max_tokens {cap:,} for every request, warm-up sample {sampled:,})"
+
+
+def unplanned_label(row: dict, requests: int) -> str:
+    """Hidden mode: the requests that ran before the plan existed (the sample and the fillers beside it)."""
+    if not row.get("sampled"):
+        return ""
+    return f"  [{(row['sampled'] + row['unplanned']) / requests:.0%} ran before the plan]"
 
 
 def print_mix(mix: str, report: dict, policies: list[str]) -> None:
@@ -44,7 +67,7 @@ def print_mix(mix: str, report: dict, policies: list[str]) -> None:
         r = rows[name]
         print(f"  {name:<20}{r['time_s']:>10,.1f}{r['fraction_of_optimum']:>10.1%}"
               f"{rows['dfs']['time_s'] / r['time_s']:>8.2f}x{r['sharing_vs_dfs']:>13.1%}{r['prefix_hit_ratio']:>13.1%}"
-              + chose_label(r))
+              + chose_label(r) + unplanned_label(r, report["requests"]))
 
 
 def print_summary(summary: dict, paper: dict) -> None:
@@ -63,29 +86,36 @@ def main() -> None:
     ap.add_argument("--mixes", nargs="+", default=list(MIXES))
     ap.add_argument("--policies", nargs="+", default=POLICIES, help="a subset, in table order (default: all)")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens per step; default: resource-aware")
-    ap.add_argument("--estimates", choices=["warmup", "default"], default="warmup")
-    ap.add_argument("--out", action="store_true", help="write bench/results/policies-<setup>.json and PNGs")
+    ap.add_argument("--lengths", choices=LENGTHS, default="hidden",
+                    help="hidden: one round max_tokens, run as a shard (default); known: plan on true lengths")
+    ap.add_argument("--estimates", choices=["warmup", "default"], default="warmup", help="known mode only")
+    ap.add_argument("--out", action="store_true",
+                    help="write bench/results/policies-<setup>[-known].json and PNGs")
     args = ap.parse_args()
     setup, config = SETUPS[args.setup], SimConfig(token_budget=args.token_budget)
     cost = setup.cost()
     mixes = []
     for mix in args.mixes:
         batch, built = load_mix(mix, args.requests, setup)
-        estimates = warmup_estimates(batch, cost, true_outputs(batch)) if args.estimates == "warmup" else None
-        report = compare_policies(batch, cost, config, args.policies, estimates=estimates)
+        started = time.perf_counter()
+        report, cap = run_policies(batch, cost, config, args.policies, args.lengths, args.estimates)
         print(f"\n{mix}: achieved density {built['density']:.2f}, sharing {built['sharing']:.1%}, "
-              f"requests per source {built['counts']}", end="")
+              f"requests per source {built['counts']}, lengths {describe_lengths(args.lengths, cap, report)}, "
+              f"{time.perf_counter() - started:.0f} s wall", end="")
         print_mix(mix, report, args.policies)
-        mixes.append({"mix": mix, "achieved": {k: built[k] for k in ("density", "sharing", "counts")}, **report})
+        mixes.append({"mix": mix, "achieved": {k: built[k] for k in ("density", "sharing", "counts")},
+                      "max_tokens": cap, **report})
     summary = summarize(mixes, args.policies)
     print_summary(summary, PAPER[setup.key])
     if args.out:
-        name = f"policies-{setup.key}{size_suffix(args.requests)}"
-        pngs = [policy_bars(mixes, args.policies, metric, setup.label, img_path(f"{name}-{metric}.png")).name
+        name = f"policies-{setup.key}{lengths_suffix(args.lengths)}{size_suffix(args.requests)}"
+        label = f"{setup.label}, lengths {args.lengths}"
+        pngs = [policy_bars(mixes, args.policies, metric, label, img_path(f"{name}-{metric}.png")).name
                 for metric in ("fraction_of_optimum", "sharing_vs_dfs")]
-        write_result(name, {"setup": setup.label, "requests": args.requests, "estimates": args.estimates,
-                                               "policies": args.policies, "mixes": mixes, "summary": summary,
-                                               "paper": PAPER[setup.key], "pngs": pngs})
+        estimates = "warm-up sample run first (1%), as a shard" if args.lengths == "hidden" else args.estimates
+        write_result(name, {"setup": setup.label, "requests": args.requests, "lengths": args.lengths,
+                            "estimates": estimates, "policies": args.policies, "mixes": mixes, "summary": summary,
+                            "paper": PAPER[setup.key], "pngs": pngs})
 
 
 if __name__ == "__main__":

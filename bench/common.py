@@ -7,6 +7,7 @@ bench/render.py turns those files into docs/BENCHMARKS.md.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -19,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from blendserve.batch import RequestBatch
+from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.model_prep import cache_root
+from blendserve.sim.compare import true_outputs
 from blendserve.workload import (
     MIXES, MixReport, WorkloadSpec, load_pools, mix_report, plan_requests, write_workload,
 )
@@ -58,6 +60,36 @@ SETUPS: dict[str, Setup] = {
 def size_suffix(requests: int) -> str:
     """Result-file suffix of a bench size: none for the quick mode's 40k requests, "-400k" for the paper's."""
     return "" if requests == 40_000 else f"-{requests // 1000}k"
+
+
+# --lengths: "hidden" (the default, what a user's batch job looks like) or "known" (planning on true lengths:
+# the upper bound). Known-mode result files carry "-known" after the setup.
+LENGTHS = ("hidden", "known")
+
+
+def lengths_suffix(lengths: str) -> str:
+    """Result-file part of a --lengths mode: none for the headline's hidden mode, "-known" for the upper bound."""
+    return "" if lengths == "hidden" else f"-{lengths}"
+
+
+def hide_lengths(batch: RequestBatch) -> tuple[RequestBatch, int]:
+    """``batch`` as a user would submit it when no output length is known in advance, and its ``max_tokens``.
+
+    Every request gets the same ``max_tokens``: the smallest power of two at
+    least the longest true output of the batch (the generous round cap a user
+    sets for a whole job, not a per-request cap taken from the truth), and no
+    request has a known length. The simulator's truth is kept: the model still
+    generates each request's true length (``sim_output_tokens``; where a batch
+    had none there, the length it would have generated is written in, so
+    hiding never changes what runs).
+    """
+    truth = true_outputs(batch)
+    cap = 1 << int(max(int(truth.max(initial=1)), 1) - 1).bit_length()
+    sim = np.where(batch.sim_output_tokens != UNKNOWN, batch.sim_output_tokens, truth).astype(np.int32)
+    hidden = dataclasses.replace(
+        batch, max_tokens=np.full(len(batch), cap, dtype=np.int32),
+        expected_output_tokens=np.full(len(batch), UNKNOWN, dtype=np.int32), sim_output_tokens=sim)
+    return hidden, cap
 
 
 def mix_path(name: str, requests: int, setup: Setup) -> Path:

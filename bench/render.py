@@ -11,6 +11,7 @@ Reads only JSON, so it runs in a second.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -26,8 +27,8 @@ FRAGMENTS = DOCS / "bench"
 
 INTRO = """# Benchmarks
 
-Regenerate everything on this page with one command: `make bench` (quick mode, 25-30 minutes on
-2 cores) or `make bench-full` (the paper's sizes, hours). Each bench writes its numbers to
+Regenerate everything on this page with one command: `make bench` (quick mode, about 40 minutes
+on 2 busy cores) or `make bench-full` (the paper's sizes, hours). Each bench writes its numbers to
 `bench/results/<name>.json` and its figures to `docs/img/`; `bench/render.py` writes this page from
 them. Every table says the machine, versions and command that made it. "uncommitted" lists the files of
 the planner, simulator, cost model, sampler and workload builder that differed from that commit.
@@ -35,8 +36,10 @@ the planner, simulator, cost model, sampler and workload builder that differed f
 The simulator is the cost model of `docs/COST_MODEL.md` driven step by step (continuous batching,
 chunked prefill, KV capacity, an LRU prefix cache). Throughput is (input + output tokens) / simulated
 time, as the paper counts it; the optimum is `T_opt = max(C*, M*)` with the KV-capacity step bound, a
-proven lower bound of every order. Policies plan with the warm-up sampler's estimates (1% sampled),
-never with the true lengths. Earlier runs and what each planner change did: `docs/PLANNER_NOTES.md`.
+proven lower bound of every order. Headline figures and tables hide the output lengths (`--lengths
+hidden`): one round max_tokens for every request and each policy run as a pipeline shard runs it, its
+warm-up sample first and that time counted. Beside each, the upper bound plans on the lengths as the
+mixes were built (`--lengths known`). Earlier runs and what each planner change did: `docs/PLANNER_NOTES.md`.
 """.strip()
 
 
@@ -62,55 +65,106 @@ def section(title: str, result: str, make: Callable[[dict], str], command: str) 
     return f"## {title}\n\n{body}"
 
 
-# The policies results, in headline and section order: (file, setup label). 400k is the paper's job size.
-POLICY_RESULTS = [("policies-8b-400k", "8B, 1 GPU"), ("policies-70b-400k", "70B, 8 GPUs TP 8"),
-                  ("policies-8b", "8B, 1 GPU"), ("policies-70b", "70B, 8 GPUs TP 8")]
+# The policies results, in headline and section order: (file of the hidden-length headline, setup label,
+# section title). Each has its known-length upper bound beside it in "<setup>-known<size>". 400k is the
+# paper's job size.
+POLICY_RESULTS = [
+    ("policies-8b-400k", "8B, 1 GPU",
+     "Paper mixes at the paper's size (400k requests): Llama-3.1-8B on one A100-80G"),
+    ("policies-70b-400k", "70B, 8 GPUs TP 8",
+     "Paper mixes at the paper's size (400k requests): Llama-3.1-70B on 8 A100-80G, tensor parallel"),
+    ("policies-8b", "8B, 1 GPU", "Paper mixes at 40k requests: Llama-3.1-8B on one A100-80G"),
+    ("policies-70b", "70B, 8 GPUs TP 8", "Paper mixes at 40k requests: Llama-3.1-70B on 8 A100-80G, tensor parallel"),
+]
+UPPER_BOUND = " (upper bound: lengths known)"
 
 
-def headline(results: list[tuple[dict | None, str]], grid: dict | None) -> str:
-    """Our means against the paper's, from whichever results exist."""
-    rows = ["| figure | paper | here |", "|---|---|---|"]
-    for data, setup in results:
-        if data is None:
+def known(name: str) -> str:
+    """The known-length result beside a hidden-length one: "-known" before the size suffix, if any
+    (common.lengths_suffix then common.size_suffix, as the benches name their files)."""
+    return re.sub(r"(-\d+k)?$", lambda m: "-known" + (m.group(1) or ""), name, count=1)
+
+
+def headline(results: list[tuple[dict | None, dict | None, str]], grid: dict | None, grid_known: dict | None) -> str:
+    """Our means against the paper's, lengths hidden (the headline) beside lengths known, from whichever exist."""
+    rows = ["| figure | paper | here, lengths hidden | upper bound, lengths known |", "|---|---|---|---|"]
+    for hidden, upper, setup in results:
+        if hidden is None and upper is None:
             continue
-        label = f"{setup}, {data['requests'] // 1000}k requests"
-        s, paper = summarize(data["mixes"], data["policies"]), data["paper"]
-        rows.append(f"| blendserve, % of optimum ({label}) | {paper['opt']:.2%} | {s['opt']:.1%} |")
-        dfs_paper = f"{paper['dfs_opt']:.1%}" if paper.get("dfs_opt") else "-"
-        rows.append(f"| dfs order, % of optimum ({label}) | {dfs_paper} | {s['dfs_opt']:.1%} |")
-        rows.append(f"| blendserve over dfs ({label}) | +{paper['speedup'] - 1:.2%} (over its best DFS system) "
-                    f"| {s['speedup'] - 1:+.1%} |")
-        rows.append(f"| blendserve prefix sharing, % of dfs ({label}) | > {paper['sharing']:.0%} | {s['sharing']:.1%} |")
-        if s["balance_sharing"] is not None:
-            rows.append(f"| random order (balance) sharing, % of dfs ({label}) | < 30% | {s['balance_sharing']:.1%} |")
-        rows.append(f"| blendserve over the best other policy per mix, mean / worst ({label}) | - "
-                    f"| {s['vs_best_other']:.2f}x / {s['vs_best_baseline']:.2f}x |")
-    if grid is not None:
-        speedups = [c["speedup"] for c in grid["cells"]]
-        rows.append(f"| sensitivity grid: blendserve over dfs, mean (min .. max) of {len(speedups)} mixes "
-                    f"| +20.84% on average | {sum(speedups) / len(speedups) - 1:+.1%} "
-                    f"({min(speedups):.2f}x .. {max(speedups):.2f}x) |")
-    return "## Headline against the paper\n\n" + "\n".join(rows) if len(rows) > 2 else ""
+        label = f"{setup}, {(hidden or upper)['requests'] // 1000}k requests"
+        rows += _headline_rows(label, *(_summary(d) for d in (hidden, upper)), (hidden or upper)["paper"])
+    if grid is not None or grid_known is not None:
+        rows.append(f"| sensitivity grid: blendserve over dfs, mean (min .. max) of the mixes | +20.84% on average "
+                    f"| {_grid_speedup(grid)} | {_grid_speedup(grid_known)} |")
+    return "## Headline against the paper\n\n" + HEADLINE_NOTE + "\n\n" + "\n".join(rows) if len(rows) > 2 else ""
+
+
+HEADLINE_NOTE = ("The headline is the hidden-length mode: no output length known, one round max_tokens for every "
+                 "request, each policy run as a pipeline shard runs it (its warm-up sample first, that time "
+                 "counted). The last column plans on the lengths as the mixes were built (video lengths known, "
+                 "per-request caps, no warm-up time): what planning gets from lengths a real batch job does not have, "
+                 "the upper bound for blendserve; not for every policy, since the warm-up's random fillers also blend "
+                 "a dfs or density run.")
+
+
+def _summary(data: dict | None) -> dict | None:
+    return None if data is None else summarize(data["mixes"], data["policies"])
+
+
+def _headline_rows(label: str, hidden: dict | None, upper: dict | None, paper: dict) -> list[str]:
+    """The paper's figures against ours, one row each; a mode not run shows "-"."""
+    def both(figure: Callable[[dict], str]) -> str:
+        return " | ".join("-" if s is None else figure(s) for s in (hidden, upper))
+
+    def pct(key: str, signed: bool = False) -> Callable[[dict], str]:
+        return lambda s: "-" if s[key] is None else (f"{s[key] - 1:+.1%}" if signed else f"{s[key]:.1%}")
+
+    dfs_paper = f"{paper['dfs_opt']:.1%}" if paper.get("dfs_opt") else "-"
+    return [
+        f"| blendserve, % of optimum ({label}) | {paper['opt']:.2%} | {both(pct('opt'))} |",
+        f"| dfs order, % of optimum ({label}) | {dfs_paper} | {both(pct('dfs_opt'))} |",
+        f"| blendserve over dfs ({label}) | +{paper['speedup'] - 1:.2%} (over its best DFS system) "
+        f"| {both(pct('speedup', signed=True))} |",
+        f"| blendserve prefix sharing, % of dfs ({label}) | > {paper['sharing']:.0%} | {both(pct('sharing'))} |",
+        f"| random order (balance) sharing, % of dfs ({label}) | < 30% | {both(pct('balance_sharing'))} |",
+        f"| blendserve over the best other policy per mix, mean / worst ({label}) | - "
+        f"| {both(_vs_best)} |",
+    ]
+
+
+def _vs_best(summary: dict) -> str:
+    return f"{summary['vs_best_other']:.2f}x / {summary['vs_best_baseline']:.2f}x"
+
+
+def _grid_speedup(grid: dict | None) -> str:
+    if grid is None:
+        return "-"
+    speedups = [c["speedup"] for c in grid["cells"]]
+    return (f"{sum(speedups) / len(speedups) - 1:+.1%} ({min(speedups):.2f}x .. {max(speedups):.2f}x, "
+            f"{len(speedups)} mixes)")
+
+
+def pair(title: str, result: str, make: Callable[[dict], str], command: str) -> list[str]:
+    """The hidden-length section, then its known-length upper bound (``command`` run with --lengths known)."""
+    return [section(title, result, make, command),
+            section(title + UPPER_BOUND, known(result), make, command.replace(" --out", " --lengths known --out"))]
 
 
 def render() -> str:
-    grid = load("grid")
+    policies = [pair(title, name, policies_section, f"bench/bench_policies.py --setup {name.split('-')[1]}"
+                     + (" --requests 400000" if name.endswith("-400k") else "") + " --out")
+                for name, _, title in POLICY_RESULTS]
     parts = [
         INTRO,
-        headline([(load(name), setup) for name, setup in POLICY_RESULTS], grid),
+        headline([(load(name), load(known(name)), setup) for name, setup, _ in POLICY_RESULTS], load("grid"),
+                 load("grid-known")),
         fragment("commentary.md", ""),
-        section("Paper mixes at the paper's size (400k requests): Llama-3.1-8B on one A100-80G", "policies-8b-400k",
-                policies_section, "bench/bench_policies.py --setup 8b --requests 400000 --out"),
-        section("Paper mixes at the paper's size (400k requests): Llama-3.1-70B on 8 A100-80G, tensor parallel",
-                "policies-70b-400k", policies_section, "bench/bench_policies.py --setup 70b --requests 400000 --out"),
-        section("Paper mixes at 40k requests: Llama-3.1-8B on one A100-80G", "policies-8b", policies_section,
-                "bench/bench_policies.py --setup 8b --out"),
-        section("Paper mixes at 40k requests: Llama-3.1-70B on 8 A100-80G, tensor parallel", "policies-70b",
-                policies_section, "bench/bench_policies.py --setup 70b --out"),
-        section("Utilization over time at the paper's size (its Figure 10)", "timeline-400k", timeline_section,
-                "bench/bench_timeline.py --requests 400000 --out"),
-        section("Utilization over time at 40k requests", "timeline", timeline_section, "bench/bench_timeline.py --out"),
-        section("Sensitivity grid: 65 mixes", "grid", grid_section, "bench/bench_grid.py --out"),
+        *(part for both in policies for part in both),
+        *pair("Utilization over time at the paper's size (its Figure 10)", "timeline-400k", timeline_section,
+              "bench/bench_timeline.py --requests 400000 --out"),
+        *pair("Utilization over time at 40k requests", "timeline", timeline_section,
+              "bench/bench_timeline.py --out"),
+        *pair("Sensitivity grid: 65 mixes", "grid", grid_section, "bench/bench_grid.py --out"),
         section("Warm-up sampling: throughput against the sampling rate", "sampling", sampling_section,
                 "bench/bench_sampling.py --out"),
         section("Planner scaling", "planner", planner_section, "bench/bench_planner.py --out"),

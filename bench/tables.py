@@ -44,11 +44,33 @@ def _rows(mix: dict) -> dict[str, dict]:
     return {r["policy"]: r for r in mix["policies"]}
 
 
+def lengths_mode(data: dict) -> str:
+    """"hidden" or "known"; result files written before the mode existed planned on the known lengths."""
+    return data.get("lengths", "known")
+
+
+def lengths_note(data: dict) -> str:
+    """What the policies knew of the output lengths in this result, in one sentence."""
+    if lengths_mode(data) == "known":
+        others = ("known lengths else max_tokens (no warm-up)" if data.get("estimates") == "default" else
+                  "the warm-up sampler's estimates (1% sampled), the sample's time not counted")
+        return ("Lengths known (the upper bound): the mixes as built, video lengths known in advance and every "
+                f"request's max_tokens its own; the other requests planned on {others}.")
+    # policies results hold a cap per mix, grid results one per cell, timeline results one
+    caps = sorted({m["max_tokens"] for m in data.get("mixes", []) + data.get("cells", []) if m.get("max_tokens")}
+                  | ({data["max_tokens"]} if data.get("max_tokens") else set()))
+    cap = " or ".join(f"{c:,}" for c in caps) or "one power of two"
+    return (f"Lengths hidden: no output length is known and every request has the same max_tokens ({cap}: the "
+            "smallest power of two at least the mix's longest true output, a round cap a user would set); each "
+            "policy runs as a pipeline shard runs it, a 1% warm-up sample first (its time counted, random fillers "
+            "beside it), then the plan on the sample's estimates; fcfs and balance run bare.")
+
+
 def policies_section(data: dict) -> str:
     policies, mixes = data["policies"], data["mixes"]
     first = mixes[0]
     intro = (f"{data['setup']}: {data['requests']:,} requests per mix, KV capacity {first['kv_capacity_tokens']:,} "
-             f"tokens, token budget {first['token_budget']} per step, estimates: {data['estimates']}. Throughput "
+             f"tokens, token budget {first['token_budget']} per step. {lengths_note(data)} Throughput "
              "in tokens/s (input + output) of every policy from one run per mix, and the optimum `T_opt`:")
     tput = table(["mix", "achieved density / sharing", "tokens in / out", "optimum", *policies],
                  [[m["mix"], f"{m['achieved']['density']:.2f} / {m['achieved']['sharing']:.0%}",
@@ -65,7 +87,19 @@ def policies_section(data: dict) -> str:
              "the worst mix.")
     figures = "\n\n".join(image(name, name.removesuffix(".png")) for name in data["pngs"])
     return "\n\n".join([intro, tput, "Per policy: fraction of optimum / speed-up over dfs / prefix sharing "
-                        "(cache-hit tokens) relative to dfs:", ratio, means, figures, provenance(data)])
+                        "(cache-hit tokens) relative to dfs:", ratio, means + _before_plan(mixes), figures,
+                        provenance(data)])
+
+
+def _before_plan(mixes: list[dict]) -> str:
+    """Hidden mode: how much of blendserve's run went before its plan (the sample and its random fillers)."""
+    rows = [_rows(m).get("blendserve", {}) for m in mixes]
+    if not all(r.get("sampled") for r in rows):
+        return ""
+    shares = ", ".join(f"{m['mix']} {(r['sampled'] + r['unplanned']) / m['requests']:.0%}"
+                       for m, r in zip(mixes, rows))
+    return (f" Requests blendserve ran before its plan existed (the warm-up sample and the random fillers beside "
+            f"it, until the last sampled answer was back): {shares}.")
 
 
 def _ratios(rows: dict[str, dict], name: str) -> str:
@@ -86,7 +120,8 @@ def timeline_section(data: dict) -> str:
     rows = [[r["policy"], f"{r['time_s']:,.0f}", f"{r['mean_compute_util']:.1%}", f"{r['mean_memory_util']:.1%}"]
             for r in data["rows"]]
     intro = (f"{data['mix']}, {data['requests']:,} requests, {data['setup']}: compute and memory-bandwidth "
-             "utilization per time bin (busy seconds of the resource over the bin), dfs above, blendserve below.")
+             "utilization per time bin (busy seconds of the resource over the bin), dfs above, blendserve below. "
+             + lengths_note(data))
     return "\n\n".join([intro, image(data["png"], "utilization over time, dfs and blendserve"),
                         table(["policy", "time s", "mean compute", "mean memory"], rows), provenance(data)])
 
@@ -103,7 +138,7 @@ def grid_section(data: dict) -> str:
              f"quick mode uses fewer). Speed-up of blendserve over dfs; mean {sum(speedups) / len(speedups):.3f}x, "
              f"min {min(speedups):.3f}x, max {max(speedups):.3f}x. Cells are labelled by the target density and "
              f"sharing; the achieved density drifts from its target by up to {drift:.2f} at this size "
-             "(both are in the JSON)." + _over_fcfs(cells))
+             "(both are in the JSON)." + _over_fcfs(cells) + " " + lengths_note(data))
     return "\n\n".join([intro, image(data["png"], "speed-up heatmap"),
                         table(["density \\ sharing", *[f"{s:.0%}" for s in sharings]], rows), provenance(data)])
 

@@ -17,6 +17,12 @@ def test_render_has_every_section(monkeypatch) -> None:
                   "Paper mixes at 40k requests: Llama-3.1-70B",
                   "Sensitivity grid", "Warm-up sampling", "Planner scaling", "Simulator scaling"):
         assert f"## {title}" in page
+    for title in ("Paper mixes at 40k requests: Llama-3.1-8B on one A100-80G", "Sensitivity grid: 65 mixes",
+                  "Utilization over time at 40k requests"):
+        # the headline mode (lengths hidden) first, its known-length upper bound right after it
+        hidden, upper = page.index(f"## {title}\n"), page.index(f"## {title}{render.UPPER_BOUND}\n")
+        assert hidden < upper and "\n## " not in page[hidden + 3 : upper]
+    assert "| figure | paper | here, lengths hidden | upper bound, lengths known |" in page
     for result in render.RESULTS.glob("*.json"):
         # a result file that exists must be rendered, not reported missing
         assert f"writes `bench/results/{result.name}`" not in page
