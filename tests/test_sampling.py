@@ -202,3 +202,76 @@ def test_inline_warmup_admits_samples_first_and_every_request_once() -> None:
     assert admitted[: len(sampled)] == sampled.tolist()
     assert controller.inner is not None and 0 < controller.unplanned < len(batch) - len(sampled)
     assert controller.sample_lengths() == {int(i): int(batch.sim_output_tokens[i]) for i in sampled}
+
+
+def _rare_long_family(n: int = 4000, family: int = 24, seed: int = 5):  # type: ignore[no-untyped-def]
+    """``n`` requests with long prompts and short answers, ``family`` of them with short prompts and 8k-token
+    answers (the video prompts of a chat job); one uniform max_tokens, every length hidden."""
+    rng = np.random.default_rng(seed)
+    prompts = [list(rng.integers(100, 30_000, size=int(rng.integers(400, 900)))) for _ in range(n - family)]
+    prompts += [[7, 7, 7] + list(rng.integers(100, 30_000, size=int(rng.integers(8, 14)))) for _ in range(family)]
+    batch = batch_from_prompts(prompts, max_tokens=16_384)
+    truth = np.concatenate([rng.integers(2, 40, size=n - family), rng.integers(6_000, 10_000, size=family)])
+    batch.sim_output_tokens = truth.astype(np.int32)
+    return batch, truth, np.arange(n - family, n)
+
+
+def test_a_rare_family_that_could_hold_most_of_the_work_is_sampled_and_estimated_long() -> None:
+    batch, truth, rare = _rare_long_family()
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.01, min_subtree=100, seed=0)
+    assert np.isin(rare, sampled).sum() >= 3  # a 1% draw alone expects 0.24 of them
+    est = estimate_outputs(batch, tree, sampled, truth[sampled])
+    unsampled = rare[~np.isin(rare, sampled)]
+    assert np.median(est.mean[unsampled]) > 0.5 * np.median(truth[rare])  # not the short answers' mean
+    short = np.setdiff1d(np.arange(len(batch)), np.concatenate([rare, sampled]))
+    assert np.median(est.mean[short]) < 100
+
+
+def test_censored_length_is_the_log_uniform_mean_above_the_progress_and_within_the_cap() -> None:
+    from blendserve.sampling.strata import censored_length
+
+    assert censored_length(256, 32_768) == pytest.approx((32_768 - 256) / np.log(128))
+    assert censored_length(32_768, 32_768) == 32_768 and censored_length(40_000, 32_768) == 32_768
+    grown = censored_length(np.array([256, 1024, 4096]), 32_768)
+    assert np.all(np.diff(grown) > 0) and np.all(grown >= [256, 1024, 4096])
+
+
+def test_the_plan_does_not_wait_for_the_longest_sampled_answer() -> None:
+    from blendserve.scheduling.warmup import warmup_controller
+    from blendserve.sim import SimConfig, simulate
+
+    batch, truth, rare = _rare_long_family()
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.01, min_subtree=100, seed=0)
+    controller = warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=200_000)
+    simulate(batch, truth, COST, controller, SimConfig(kv_capacity_tokens=200_000))
+    # Fillers run only until the long samples pass LONG_AFTER tokens, not through their 6-10k tokens.
+    assert controller.inner is not None and controller.unplanned < 0.5 * (len(batch) - len(sampled))
+    assert controller.estimates is not None and np.median(controller.estimates[rare]) > 1_000
+
+
+def test_online_replans_keep_every_request_once_and_stay_lists(monkeypatch) -> None:
+    import blendserve.scheduling.warmup as warmup
+    from blendserve.sim import SimConfig, simulate
+
+    monkeypatch.setattr(warmup, "MAX_REPLANS", 3)
+    monkeypatch.setattr(warmup, "REPLAN_MOVE", 0.01)
+    batch, truth, _ = _rare_long_family(n=1500, family=12)
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
+    controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=100_000)
+    controller.check_every = 32
+    admitted: list[int] = []
+    inner_next = controller.next_request
+
+    def record(state: EngineState) -> int | None:
+        picked = inner_next(state)
+        if picked is not None:
+            admitted.append(picked)
+        return picked
+
+    controller.next_request = record  # type: ignore[method-assign]
+    simulate(batch, truth, COST, controller, SimConfig(kv_capacity_tokens=100_000))
+    assert sorted(admitted) == list(range(len(batch)))
+    assert controller.replans > 0 and warmup.is_list(controller.inner)  # a re-plan never books blind
