@@ -154,7 +154,7 @@ def test_blendserve_choice_never_reads_true_lengths() -> None:
     batch.sim_output_tokens[:] = np.random.default_rng(0).integers(1, 3000, size=len(batch))
     second = make_controller("blendserve", context).choice  # type: ignore[attr-defined]
     assert first.name == second.name and first.predicted_s == second.predicted_s
-    assert set(first.predicted_s) == {"dual-scan", "spread-0.05", "fcfs", "balance", "deadline-0.5", "deadline-0.8",
+    assert set(first.predicted_s) == {"dual-scan", "static", "spread-0.05", "fcfs", "balance", "deadline-0.5", "deadline-0.8",
                                       "deadline-1"}
     assert first.predicted_s[first.name] == min(first.predicted_s.values())
 
