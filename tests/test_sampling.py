@@ -179,14 +179,8 @@ def test_report_errors_overall_and_per_subtree() -> None:
     assert table.num_rows == len(batch) and table.column("actual_output_tokens").null_count == 1
 
 
-def test_inline_warmup_admits_samples_first_and_every_request_once() -> None:
-    from blendserve.scheduling.warmup import warmup_controller
-    from blendserve.sim import SimConfig, simulate
-
-    batch = synthetic_batch(1500, family_size=100, memory_heavy_fraction=0.2, seed=4)
-    tree = build_prefix_tree(batch, COST)
-    sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
-    controller = warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=200_000)
+def record_admissions(controller) -> list[int]:  # type: ignore[no-untyped-def]
+    """The request indices ``controller`` admits from now on, in order (filled as it runs)."""
     admitted: list[int] = []
     inner_next = controller.next_request
 
@@ -197,6 +191,18 @@ def test_inline_warmup_admits_samples_first_and_every_request_once() -> None:
         return picked
 
     controller.next_request = record  # type: ignore[method-assign]
+    return admitted
+
+
+def test_inline_warmup_admits_samples_first_and_every_request_once() -> None:
+    from blendserve.scheduling.warmup import warmup_controller
+    from blendserve.sim import SimConfig, simulate
+
+    batch = synthetic_batch(1500, family_size=100, memory_heavy_fraction=0.2, seed=4)
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
+    controller = warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=200_000)
+    admitted = record_admissions(controller)
     simulate(batch, batch.sim_output_tokens, COST, controller, SimConfig(kv_capacity_tokens=200_000))
     assert sorted(admitted) == list(range(len(batch)))  # every request once: none twice, none lost
     assert admitted[: len(sampled)] == sampled.tolist()
@@ -262,16 +268,7 @@ def test_online_replans_keep_every_request_once_and_stay_lists(monkeypatch) -> N
     sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
     controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=100_000)
     controller.check_every = 32
-    admitted: list[int] = []
-    inner_next = controller.next_request
-
-    def record(state: EngineState) -> int | None:
-        picked = inner_next(state)
-        if picked is not None:
-            admitted.append(picked)
-        return picked
-
-    controller.next_request = record  # type: ignore[method-assign]
+    admitted = record_admissions(controller)
     simulate(batch, truth, COST, controller, SimConfig(kv_capacity_tokens=100_000))
     assert sorted(admitted) == list(range(len(batch)))
     assert controller.replans > 0 and warmup.is_list(controller.inner)  # a re-plan never books blind
