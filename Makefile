@@ -102,12 +102,12 @@ cluster-setup: $(CLUSTER_STAMP)
 	@command -v redis-server >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } || \
 	  { echo "redis-server is missing and we are not root: sudo apt-get install redis-server" >&2; exit 1; }
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
-	  { echo "PostgreSQL is missing: sudo apt-get install postgresql" >&2; exit 1; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; } || \
+	  { echo "PostgreSQL is missing and we are not root: sudo apt-get install postgresql" >&2; exit 1; }
 
 # -c requirements.txt: the cluster's packages never move a pin of the stack.
-$(CLUSTER_STAMP): requirements-cluster.txt
-	test -x $(PY) || { echo "run make setup first" >&2; exit 1; }
+$(CLUSTER_STAMP): requirements-cluster.txt $(STAMP)
 	$(PIP) install -q -r requirements-cluster.txt -c requirements.txt
 	touch $(CLUSTER_STAMP)
 
