@@ -63,6 +63,8 @@ class WarmupController:
         self.observed: dict[int, int] = {}  # request index -> output tokens, every finished request
         self.running: dict[int, int] = {}  # admitted, unfinished request -> output tokens reported so far
         self._is_sample = set(self.sampled.tolist())
+        self._pending = set(self._is_sample)  # sampled requests not finished yet
+        self._longest_sample = 0  # output tokens of the longest sampled request that finished
         self._next_sample = 0  # samples admitted so far
         self._next_filler = 0  # fillers admitted so far (they run unplanned, before the plan exists)
         self.inner: AdmissionController | None = None  # the plan's controller, once the sample allows one
@@ -94,9 +96,8 @@ class WarmupController:
 
     def _sample_known(self) -> bool:
         """Every sampled request finished, or ran long enough to count at its expected length."""
-        finished = [self.observed[i] for i in self.sampled.tolist() if i in self.observed]
-        long_after = max(LONG_AFTER, LONG_FACTOR * max(finished, default=0))
-        return all(i in self.observed or self.running.get(i, 0) >= long_after for i in self.sampled.tolist())
+        long_after = max(LONG_AFTER, LONG_FACTOR * self._longest_sample)
+        return all(self.running.get(i, 0) >= long_after for i in self._pending)
 
     def _evidence(self) -> dict[int, float]:
         """What the estimates are made from: the sample's lengths, finished or, for samples past
@@ -107,7 +108,7 @@ class WarmupController:
         stratum's mean down while its long requests still run. The sample is drawn before anything runs
         and stays an unbiased draw; the stream adds only the surprises.
         """
-        evidence: dict[int, float] = {i: float(n) for i, n in self.observed.items() if i in self._is_sample}
+        evidence: dict[int, float] = {i: float(n) for i, n in self.sample_lengths().items()}
         for index, done in self.running.items():
             believed = 0 if self.estimates is None or index in self._is_sample else self.estimates[index]
             if done >= max(LONG_FACTOR * believed, LONG_AFTER):
@@ -154,6 +155,9 @@ class WarmupController:
     def on_finish(self, index: int, output_tokens: int) -> None:
         self.running.pop(index, None)
         self.observed[index] = int(output_tokens)
+        if index in self._pending:
+            self._pending.discard(index)
+            self._longest_sample = max(self._longest_sample, int(output_tokens))
         if self.inner is not None and index in self._inner_of:
             self.inner.on_finish(self._inner_of[index], output_tokens)
         self._maybe_replan()
