@@ -95,7 +95,7 @@ def build_plan(
     items = scan_items(batch, tree, leaf_order, groups, with_duplicates=False)
     stream, sides = static_dual_scan_order(items)
     clock.lap("dual_scan")
-    cut = cut_shards(stream, sides, _item_costs(tree, leaf_order, cost_model), cost_model, shards)
+    cut = cut_shards(stream, sides, item_costs(tree, leaf_order, cost_model), cost_model, shards)
     clock.lap("shards")
     return Plan(
         tree=tree,
@@ -112,7 +112,7 @@ def build_plan(
     )
 
 
-def _item_costs(tree: PrefixTree, leaf_order: np.ndarray, cost_model: CostModel) -> tuple[np.ndarray, ...]:
+def item_costs(tree: PrefixTree, leaf_order: np.ndarray, cost_model: CostModel) -> tuple[np.ndarray, ...]:
     """Per item position: prompt tokens not shared with the previous item, those shared, Mem seconds."""
     p = tree.prompt_len[leaf_order].astype(np.float64)
     d = tree.output_est[leaf_order].astype(np.float64)

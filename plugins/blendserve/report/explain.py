@@ -21,9 +21,8 @@ from blendserve.batch import RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, batch_t_opt
 from blendserve.pipeline import database
-from blendserve.pipeline.plan import Plan, load_inputs
+from blendserve.pipeline.plan import Plan, item_costs, load_inputs
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
-from blendserve.planner.sort_split import order_sharing
 from blendserve.scheduling.registry import PUBLIC_POLICIES
 from blendserve.sim import SimConfig
 from blendserve.sim.compare import compare_policies, true_outputs
@@ -56,13 +55,9 @@ def order_figures(tree: PrefixTree, cost: CostModel, shard_leaves: list[np.ndarr
     order admitted), with ``cut_shards``'s estimate of a shard's seconds."""
     seconds, sharing = [], 0
     for leaves in shard_leaves:
-        p = tree.prompt_len[leaves].astype(np.float64)
-        d = tree.output_est[leaves].astype(np.float64)
-        shared = np.zeros(len(leaves))
-        if len(leaves) > 1:
-            shared[1:] = tree.leaf_pair_lcp(leaves[:-1], leaves[1:])
-        sharing += order_sharing(tree, leaves)
-        seconds.append(float(max(cost.comp_time(float(np.sum(p - shared + d))), float(np.sum(cost.mem_time(p, d))))))
+        fresh, shared, mem = item_costs(tree, leaves, cost)
+        sharing += int(shared.sum())
+        seconds.append(float(max(cost.comp_time(float(fresh.sum())), float(mem.sum()))))
     dfs = int(tree.prompt_len.sum() - tree.stats.unique_prompt_tokens[0])
     return OrderFigures(float(tree.stats.density[0]), sharing, dfs, seconds)
 
