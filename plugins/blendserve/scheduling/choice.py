@@ -4,8 +4,8 @@ No one admission wins every job: the projected dual scan avoids preemptions
 and feeds the compute side where compute decides the end, while a stratified
 blend admitted blindly keeps the KV fuller where memory decides it. The
 planner cannot see true lengths, but it has the cost model, the simulator
-and its own estimates, so ``blendserve`` builds every candidate of
-``CANDIDATES`` over the same scan items, simulates each on the estimates
+and its own estimates, so ``blendserve`` builds every candidate
+(``first_candidates``, then ``deadline_candidates``) over the same scan items, simulates each on the estimates
 (known lengths exact, the rest the warm-up sampler's means) and runs the one
 predicted fastest. Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
 a random subsample (the same for every candidate); why the sample must be
@@ -192,17 +192,15 @@ def blendserve_nosplit(context: PolicyContext) -> AdmissionController:
 
 
 def single_candidate(name: str) -> Callable[[PolicyContext], AdmissionController]:
-    """``blendserve[name]``: one admission over blendserve's items, without the choice (for benchmarks)."""
+    """``blendserve[name]``: one of ``first_candidates`` alone, without the choice (for benchmarks)."""
+    key = SPREAD if name == "spread" else name
+
     def build(context: PolicyContext) -> AdmissionController:
         tree = prefix_tree(context)
         items = blend_items(context, tree=tree)
-        if name == "dual-scan":
-            return ProjectedDualScan(items, context.kv_capacity_tokens)
-        if name == "static":
-            return StaticOrder(items.requests[static_dual_scan_order(items)[0]])
-        if name == "spread":
-            keys = spread_keys(items, blend_cuts(context, tree, items), lead=SPREAD_LEAD)
-            return StaticOrder(items.requests[np.argsort(keys, kind="stable")])
-        raise KeyError(f"blendserve has no candidate {name!r}")
+        candidates = first_candidates(context, items, blend_cuts(context, tree, items))
+        if key not in candidates:
+            raise KeyError(f"blendserve has no candidate {name!r}")
+        return candidates[key](items, np.arange(len(items.requests)))
 
     return build
