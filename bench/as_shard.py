@@ -6,9 +6,8 @@ random fillers keeping the engine busy, and plans the rest on the estimates
 the sample's observed lengths give (``pipeline.shard.ShardScheduler``); the
 sample's own time is part of the run. fcfs and balance run bare, on
 ``default_output_estimates``. This module builds the same controller from the
-library's own functions (sampler, estimator, warm-up controller, policies), so
-changes to any of them show up here unchanged; only the sampling rule is
-restated (SAMPLE_RATE, ``min_subtree``), as the shard states it.
+library's own functions (the shard's sample, estimator, warm-up controller,
+policies), so changes to any of them show up here unchanged.
 
 ``compare_as_shard`` returns ``blendserve.sim.compare.compare_policies``' dict
 (same row format, built by its own row helpers), so tables.py and render.py
@@ -26,7 +25,7 @@ from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel, batch_t_opt
 from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
-from blendserve.sampling import select_samples
+from blendserve.sampling import shard_sample
 from blendserve.scheduling.admission import AdmissionController
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
 from blendserve.scheduling.warmup import WarmupController, warmup_controller
@@ -47,10 +46,9 @@ class Warmup:
 
 
 def shard_warmup(batch: RequestBatch, cost: CostModel, seed: int = 0) -> Warmup:
-    """The sample ``ShardScheduler`` draws: 1%, plus one per subtree holding 1/16 of the shard (up to 100)."""
+    """The sample a ``ShardScheduler`` draws (``sampling.shard_sample``)."""
     tree = build_prefix_tree(batch, cost)
-    min_subtree = max(2, min(100, len(batch) // 16))
-    return Warmup(tree, select_samples(batch, tree, rate=SAMPLE_RATE, min_subtree=min_subtree, seed=seed))
+    return Warmup(tree, shard_sample(batch, tree, rate=SAMPLE_RATE, seed=seed))
 
 
 def shard_controller(

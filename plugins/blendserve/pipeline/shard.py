@@ -21,7 +21,7 @@ from blendserve.engines.base import BatchRequests
 from blendserve.pipeline.plan import load_inputs, read_requests
 from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.prefix_tree import build_prefix_tree
-from blendserve.sampling import Estimates, estimate_outputs, estimate_table, select_samples
+from blendserve.sampling import Estimates, estimate_outputs, estimate_table, shard_sample
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
 from blendserve.scheduling.warmup import WarmupController
@@ -85,11 +85,7 @@ class ShardScheduler:
         self.sampled = np.zeros(0, dtype=np.int64)  # batch indices of the warm-up sample
         if self.learns:  # the sample and the estimator need the tree; the policy builds its own
             self.tree = build_prefix_tree(self.inputs.batch, self.inputs.cost)
-            # Every subtree holding 1/16 of the shard gets a sample (up to the sampler's 100): in a small job
-            # a 1% draw alone can miss a whole kind of request and leave it with another kind's lengths.
-            min_subtree = max(2, min(100, len(self.ids) // 16))
-            self.sampled = select_samples(self.inputs.batch, self.tree, rate=config.sample_rate,
-                                          min_subtree=min_subtree, seed=0)
+            self.sampled = shard_sample(self.inputs.batch, self.tree, rate=config.sample_rate)
         self.lengths = {int(b): done[self.ids[b]] for b in self.sampled if self.ids[b] in done}  # batch index -> tokens
         self.todo_index = np.zeros(0, dtype=np.int64)  # batch index of each engine index
         self.run: WarmupController | None = None  # the warm-up controller of this try's engine run

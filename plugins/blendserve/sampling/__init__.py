@@ -35,7 +35,7 @@ the learnt lengths) is ``blendserve.scheduling.warmup``.
 
 from blendserve.sampling.estimator import KIND_NAMES, Estimates, estimate_outputs
 from blendserve.sampling.report import ESTIMATE_SCHEMA, ErrorRow, estimate_report, estimate_table, report_text
-from blendserve.sampling.select import WarmupSplit, eligible_leaves, select_samples, split_warmup
+from blendserve.sampling.select import WarmupSplit, eligible_leaves, select_samples, shard_sample, split_warmup
 
 __all__ = [
     "ESTIMATE_SCHEMA",
@@ -49,5 +49,6 @@ __all__ = [
     "estimate_table",
     "report_text",
     "select_samples",
+    "shard_sample",
     "split_warmup",
 ]

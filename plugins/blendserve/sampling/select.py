@@ -65,6 +65,14 @@ def select_samples(
     return np.sort(tree.leaf_request[leaves]).astype(np.int64)
 
 
+def shard_sample(batch: RequestBatch, tree: PrefixTree, rate: float = DEFAULT_RATE, seed: int = 0) -> np.ndarray:
+    """The sample a pipeline shard draws: ``select_samples`` where every subtree holding 1/16 of the shard
+    (up to ``DEFAULT_MIN_SUBTREE``) gets a sample: in a small job a ``rate`` draw alone can miss a whole kind
+    of request and leave it with another kind's lengths."""
+    min_subtree = max(2, min(DEFAULT_MIN_SUBTREE, len(batch) // 16))
+    return select_samples(batch, tree, rate=rate, min_subtree=min_subtree, seed=seed)
+
+
 def _coverage_picks(
     tree: PrefixTree, eligible: np.ndarray, priority: np.ndarray, min_subtree: int
 ) -> tuple[np.ndarray, np.ndarray]:
