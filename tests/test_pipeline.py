@@ -3,6 +3,8 @@ request, re-runs never duplicate, a crashed shard resumes where it stopped."""
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 import pytest
 
@@ -90,3 +92,22 @@ def test_identical_requests_run_once_and_every_duplicate_gets_the_answer(make_co
     assert plan["sampled-no-seed"] == "sampled-no-seed" and plan["seeded"] == "seeded"
     assert sorted(texts) == sorted(line["custom_id"] for line in lines)
     assert len({texts[f"dup-{i}"] for i in range(3)}) == 1
+
+
+def test_cli_run_starts_the_engine_while_ingest_and_plan_run(tmp_path):
+    """`blendserve run`: the engine's start overlaps the steps before inference (they run in a child
+    process), its stop the steps after; every request still ends with one output row."""
+    from conftest import FIXTURES, run_cli
+
+    result = run_cli("run", "--engine", "vllm", "--input", str(FIXTURES / "mini.jsonl"), "--db",
+                     str(tmp_path / "out.duckdb"), "--run-id", "overlap", "--sample-rate", "0", "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    stages = summary["stages"]
+    assert set(stages) == {"prepare", "engine start", "inference", "finish"}
+    assert stages["engine start"][0] < stages["prepare"][1]  # started before ingest, validation and plan ended
+    assert stages["prepare"][1] <= stages["inference"][0] and stages["engine start"][1] < stages["inference"][1]
+    ids = [r[0] for r in outputs(str(tmp_path / "out.duckdb"), "overlap")]
+    assert len(ids) == len(set(ids)) == summary["requests"] == 28
+    with duckdb.connect(str(tmp_path / "out.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT status FROM runs WHERE run_id = 'overlap'").fetchone()[0] == "finished"

@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from blendserve.config import ConfigError
+from blendserve.logs import configure_logging
 from blendserve.pipeline.database import DatabaseLocked
 
 # Each names a module in blendserve.commands that defines add_parser(subparsers),
@@ -35,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not args.verbose:  # a filter on the handler: great-expectations sets its own loggers' levels on import
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(_without_library_chatter)
+    configure_logging(args.verbose)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -52,11 +47,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.exception("blendserve %s failed", args.command)
         print(f"blendserve {args.command}: error: {error_line(err, args.verbose)}", file=sys.stderr)
         return EXIT_ERROR
-
-
-def _without_library_chatter(record: logging.LogRecord) -> bool:
-    """great-expectations' INFO lines (temporary folders, empty datasource lists) say nothing to a user."""
-    return record.levelno >= logging.WARNING or not record.name.startswith("great_expectations")
 
 
 def error_line(err: BaseException, verbose: bool) -> str:

@@ -95,3 +95,22 @@ def phase(label: str) -> Iterator[None]:
     log.info("%s ...", label)
     yield
     log.info("%s done in %.1f s", label, time.monotonic() - started)
+
+
+class Stages:
+    """When each part of a CLI run happened, in seconds since the run began: [start, end]."""
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+        self.seconds: dict[str, list[float]] = {}  # stage -> [start, end]
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        yield
+        self.add(name, (start, time.monotonic()))
+
+    def add(self, name: str, interval: tuple[float, float] | None) -> None:
+        """A stage timed elsewhere (``time.monotonic()`` marks); one that ended before this run is not its."""
+        if interval is not None and interval[1] >= self.began:
+            self.seconds[name] = [round(max(t - self.began, 0.0), 2) for t in interval]

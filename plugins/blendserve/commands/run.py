@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         **{name: value for name, value in defaults_unless_given.items() if value is not None},
     )
     started = time.monotonic()
-    result = run_pipeline(config)
+    result = run_pipeline(config, overlap=True)
     result["job_seconds"] = time.monotonic() - started
     print(json.dumps(result, indent=2, default=str) if args.json else format_summary(result))
     return 0
@@ -68,6 +68,8 @@ def format_summary(s: dict) -> str:
         f"  outputs          {s['db']}  (table outputs, run_id = '{s['run_id']}')",
         f"  report           {s['report']}",
     ]
+    if s.get("stages"):
+        lines.append("  stages           " + ", ".join(f"{name} {a:.0f}-{b:.0f} s" for name, (a, b) in s["stages"].items()))
     for request_id, text in s["samples"]:
         lines.append(f"  sample {request_id}: {text.strip()[:300]!r}")
     return "\n".join(lines)
