@@ -34,6 +34,10 @@ class HardwareSpec:
     tp: int = 1  # tensor-parallel degree: F, B and memory scale with it
     tp_efficiency: float = 1.0  # share of linear speed-up kept per doubling of tp (all-reduce cost)
     efficiency_source: str = "peak"  # where the efficiency factors come from
+    # seconds every engine step pays beyond its compute and memory (scheduling, sampling, Python):
+    # measured on CPUs by ``blendserve calibrate``; 0 for the catalog GPUs, whose kernels dominate
+    step_overhead: float = 0.0
+    overlap: str = "max"  # how a step combines compute and memory time on this device: "max" or "sum"
 
     @property
     def tp_scale(self) -> float:
