@@ -100,7 +100,7 @@ def calibrate(config: RunConfig, grid: tuple[tuple[int, int, int], ...] = DEFAUL
     fit = fit_hardware(runs, model, sim, name, mem_bytes=_memory_bytes())
     profile = Profile(
         name=name, key=key, hardware={k: _plain(v) for k, v in asdict(fit.hardware).items()},
-        token_budget=int(token_budget), fit_error=fit.median_error,
+        fit_error=fit.median_error,
         batches=[{"label": r.label, "requests": len(r.batch), "prompt_tokens": int(r.batch.prompt_lens.sum()),
                   "output_tokens": int(r.outputs.sum()), "measured_s": float(m), "predicted_s": float(s)}
                  for r, m, s in zip(runs, fit.measured, fit.predicted)],

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     hw = fit.hardware
     print(f"calibrated {profile.name} in {profile.took_s:.0f} s; stored {path}")
     print(f"  F {hw.flops:.3g} FLOP/s, B {hw.bandwidth:.3g} B/s, step overhead {1e3 * hw.step_overhead:.2f} ms,"
-          f" overlap {hw.overlap}; token budget {profile.token_budget}")
+          f" overlap {hw.overlap}; token budget {hw.token_budget}")
     print(f"  {'batch':<24}{'measured s':>12}{'predicted s':>13}{'error':>9}")
     for row in profile.batches:
         error = row["predicted_s"] / row["measured_s"] - 1.0

@@ -49,11 +49,12 @@ class Fit:
         return float(np.median(np.abs(self.errors)))
 
 
-def device(name: str, model: ModelSpec, x: np.ndarray, overlap: str, mem_bytes: float) -> HardwareSpec:
+def device(name: str, model: ModelSpec, x: np.ndarray, overlap: str, mem_bytes: float,
+           token_budget: int | None = None) -> HardwareSpec:
     """The HardwareSpec of fit units ``x`` = (s per token, s per GB, s per step) for ``model``."""
-    return HardwareSpec(name, peak_flops=2.0 * model.num_params / x[0], mem_bandwidth=GB / x[1], mem_bytes=mem_bytes,
-                        efficiency_source="calibrated on this machine (blendserve calibrate)",
-                        step_overhead=float(x[2]), overlap=overlap)
+    return HardwareSpec(name, peak_flops=float(2.0 * model.num_params / x[0]), mem_bandwidth=float(GB / x[1]),
+                        mem_bytes=mem_bytes, efficiency_source="calibrated on this machine (blendserve calibrate)",
+                        step_overhead=float(x[2]), overlap=overlap, token_budget=token_budget)
 
 
 def simulated_seconds(runs: list[Measured], cost: CostModel, sim) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -67,21 +68,22 @@ def simulated_seconds(runs: list[Measured], cost: CostModel, sim) -> np.ndarray:
 
 def fit_hardware(runs: list[Measured], model: ModelSpec, sim, name: str,  # type: ignore[no-untyped-def]
                  mem_bytes: float = 0.0) -> Fit:
-    """The device whose simulated batch seconds best match ``runs`` (``sim``: the engine's SimConfig)."""
+    """The device whose simulated batch seconds best match ``runs`` (``sim``: the engine's SimConfig, whose
+    token budget the device keeps: its steps were measured at that budget)."""
     from scipy.optimize import least_squares
 
     measured = np.array([r.seconds for r in runs], dtype=np.float64)
     best: Fit | None = None
     for overlap in ("max", "sum"):
         def residuals(log_x: np.ndarray) -> np.ndarray:
-            hw = device(name, model, np.exp(log_x), overlap, mem_bytes)
+            hw = device(name, model, np.exp(log_x), overlap, mem_bytes, sim.token_budget)
             return simulated_seconds(runs, CostModel(model, hw), sim) / measured - 1.0
 
         for start in STARTS:
             # log units keep every constant positive and let one step size fit values 1e-7..1
             result = least_squares(residuals, np.log(start), diff_step=1e-3,
                                    max_nfev=60)
-            hw = device(name, model, np.exp(result.x), overlap, mem_bytes)
+            hw = device(name, model, np.exp(result.x), overlap, mem_bytes, sim.token_budget)
             fit = Fit(hw, simulated_seconds(runs, CostModel(model, hw), sim), measured)
             if best is None or _score(fit) < _score(best):
                 best = fit

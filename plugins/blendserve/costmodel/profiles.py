@@ -35,7 +35,6 @@ class Profile:
     name: str  # PREFIX + engine + key digest: what runs record as their hardware
     key: dict  # what the step costs depend on (profile_key): a different key needs a new calibration
     hardware: dict  # the fitted HardwareSpec's fields
-    token_budget: int | None  # tokens per step the engine ran the grid with (vLLM's max_num_batched_tokens)
     fit_error: float  # median |predicted / measured - 1| of the grid's batch seconds, end to end
     batches: list[dict] = field(default_factory=list)  # the grid: n, p, d, measured_s, predicted_s per batch
     fitted_at: str = ""  # UTC ISO time of the calibration
@@ -115,7 +114,10 @@ def save_profile(profile: Profile) -> Path:
 
 def load_named(name: str) -> Profile | None:
     path = profiles_dir() / f"{name}.json"
-    return Profile(**json.loads(path.read_text())) if path.exists() else None
+    if not path.exists():
+        return None
+    known = {f.name for f in fields(Profile)}
+    return Profile(**{k: v for k, v in json.loads(path.read_text()).items() if k in known})
 
 
 def load_profile(config) -> Profile | None:  # type: ignore[no-untyped-def]

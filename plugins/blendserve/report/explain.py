@@ -20,7 +20,6 @@ import numpy as np
 from blendserve.batch import RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, batch_t_opt
-from blendserve.costmodel.profiles import resolved_profile
 from blendserve.pipeline import database
 from blendserve.pipeline.plan import Plan, item_costs, load_inputs
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
@@ -240,13 +239,10 @@ def explain_plan(config: RunConfig) -> str:
 
 
 def sim_config_for(config: RunConfig, kv_capacity: int) -> SimConfig:
-    """The simulator settings of a simulator run; for a real engine, its KV capacity in tokens and, on a
-    calibrated profile, the tokens per step the engine was measured with (vLLM's max_num_batched_tokens)."""
+    """The simulator settings of a simulator run; for a real engine, its KV capacity in tokens (a calibrated
+    profile brings the engine's tokens per step itself: ``HardwareSpec.token_budget``)."""
     settings = config.extra.get("simulator", {}) if config.engine == "simulator" else {}
     known = {k: v for k, v in settings.items() if k in SimConfig.__dataclass_fields__}
-    profile = resolved_profile(config) if config.engine != "simulator" else None
-    if profile is not None and profile.token_budget:
-        known.setdefault("token_budget", int(profile.token_budget))
     known.setdefault("kv_capacity_tokens", int(kv_capacity))
     known.setdefault("max_running", config.max_num_seqs)
     return SimConfig(**known)
