@@ -77,3 +77,20 @@ def test_calibrate_on_vllm_then_auto_costs_runs_and_replays_them(tmp_path, monke
     assert metrics["replay_seconds"] > 0 and metrics["replay_measured_seconds"] > 0
     text = "\n".join(p.read_text() for p in db.parent.rglob("*.md"))
     assert "Replay on the calibrated profile" in text and profile["name"] in text
+
+
+@pytest.mark.parametrize("overlap", ["max", "sum"])
+def test_t_opt_with_step_overhead_stays_below_every_simulated_batch(overlap: str) -> None:
+    from blendserve.costmodel import batch_t_opt
+    from blendserve.scheduling.admission import StaticOrder
+    from blendserve.sim import simulate
+
+    model = get_model("smollm2-135m")
+    cost = CostModel(model, device("cpu", model, np.array([1e-3, 0.1, 0.085]), overlap, 0.0, token_budget=512))
+    sim = SimConfig(max_running=16, kv_capacity_tokens=20_000)  # the device's own budget and f
+    for seed, (n, p, d) in enumerate(GRID):
+        batch, outputs = grid_batch(n, p, d, model.vocab_size, seed), np.full(n, d)
+        result = simulate(batch, outputs, cost, StaticOrder(np.arange(n)), sim)
+        optimum = batch_t_opt(cost, batch, outputs, overlap, sim.kv_capacity_tokens)
+        assert result.token_budget == 512 and optimum.time <= result.total_time * (1 + 1e-12)
+        assert optimum.time >= optimum.min_steps * 0.085
