@@ -258,14 +258,15 @@ def summary(config: RunConfig) -> dict:
                FROM outputs WHERE run_id = ?""", [config.run_id]).fetchone()
         rejected = con.execute("SELECT count(*) FROM rejects WHERE run_id = ?", [config.run_id]).fetchone()[0]
         metrics = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = ?", [config.run_id]).fetchall())
-        (config_json,) = con.execute("SELECT config_json FROM runs WHERE run_id = ?", [config.run_id]).fetchone()
+        run = con.execute("SELECT config_json FROM runs WHERE run_id = ?", [config.run_id]).fetchone()
         samples = con.execute(
             """SELECT request_id, text FROM outputs WHERE run_id = ? AND status = 'ok' AND num_output_tokens > 1
                ORDER BY request_id LIMIT 1""", [config.run_id]).fetchall()
         samples += con.execute(
             """SELECT request_id, text FROM outputs WHERE run_id = ? AND status = 'ok' AND num_output_tokens <= 1
                ORDER BY request_id LIMIT 1""", [config.run_id]).fetchall()
-    return {"run_id": config.run_id, "hardware": json.loads(config_json)["hardware"], "requests": row[0], "rejected": rejected, "errors": row[3],
+    hardware = json.loads(run[0])["hardware"] if run else config.hardware  # as the plan step resolved it
+    return {"run_id": config.run_id, "hardware": hardware, "requests": row[0], "rejected": rejected, "errors": row[3],
             "input_tokens": row[1] or 0, "output_tokens": row[2] or 0, **metrics,
             "db": str(config.db), "samples": samples}
 
