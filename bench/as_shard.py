@@ -31,7 +31,7 @@ from blendserve.scheduling.registry import PolicyContext, get_policy, make_contr
 from blendserve.scheduling.warmup import WarmupController, warmup_controller
 # The row helpers are compare_policies' own, so a row means the same in both modes.
 from blendserve.sim.compare import _chosen, _row, compare_policies, true_outputs, warmup_estimates
-from blendserve.sim.simulator import SimConfig, SimResult, kv_capacity_tokens, simulate
+from blendserve.sim.simulator import SimConfig, SimResult, kv_capacity_tokens, simulate, step_overlap
 from common import hide_lengths
 
 SAMPLE_RATE = 0.01  # RunConfig.sample_rate's default: the warm-up sample a shard draws
@@ -82,7 +82,7 @@ def compare_as_shard(
     requests admitted as unplanned fillers while it ran."""
     outputs = true_outputs(batch)
     kv = kv_capacity_tokens(cost, config)
-    optimum = batch_t_opt(cost, batch, outputs, config.overlap, kv)
+    optimum = batch_t_opt(cost, batch, outputs, step_overlap(cost, config), kv)
     warmup = shard_warmup(batch, cost, seed)
     rows, results = {}, {}
     for name in policies + (["dfs"] if "dfs" not in policies else []):
@@ -95,7 +95,7 @@ def compare_as_shard(
     return {
         "requests": len(batch), "input_tokens": int(batch.prompt_lens.sum()), "output_tokens": int(outputs.sum()),
         "model": cost.model.name, "hardware": f"{cost.hardware.name} x{cost.hardware.tp}",
-        "kv_capacity_tokens": kv, "overlap": config.overlap,
+        "kv_capacity_tokens": kv, "overlap": step_overlap(cost, config),
         "token_budget": results[policies[0]][0].token_budget if policies else None, "min_steps": optimum.min_steps,
         "t_opt_s": optimum.time, "c_star_s": optimum.comp, "m_star_s": optimum.mem,
         "policies": [{**_row(name, *results[name], optimum.time, dfs_hits), **rows[name]} for name in policies],

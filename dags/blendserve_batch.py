@@ -15,6 +15,7 @@ from airflow.sdk import Param, dag, task
 from blendserve import ENGINES
 from blendserve.airflow_tasks import fail_fast
 from blendserve.assets import OUTPUTS
+from blendserve.costmodel.profiles import CHOICES as HARDWARE_CHOICES
 from blendserve.scheduling.registry import PUBLIC_POLICIES
 
 DOC_MD = """
@@ -55,7 +56,7 @@ OpenAI-style output and error files beside the DuckDB file.
 | `storage_conn_id` | Airflow connection for URL inputs and `runs_dir` (empty: the workers' own credentials) |
 | `engine` | `vllm` (real model), `transformers`, `simulator` |
 | `policy` | `blendserve` (default), or a baseline to A/B: `fcfs` is file order, `balance` random |
-| `hardware` | GPU profile the plan is costed on (`a100-80g`, `h100-sxm`, `h200`, `l40s`) |
+| `hardware` | profile the plan is costed on: `auto` (default: this machine's profile from `blendserve calibrate` for these engine settings, else `a100-80g` with a warning), or a catalog GPU (`a100-80g`, `h100-sxm`, `h200`, `l40s`) |
 | `sample_rate` | share of each shard's requests run first to learn output lengths (0 turns warm-up off) |
 | `keep_sharing` | split budget: the plan keeps at least this share of the DFS order's prefix sharing |
 | `shards` | data-parallel shards: one `infer` task each |
@@ -83,8 +84,9 @@ PARAMS = {
     "engine": Param("vllm", enum=list(ENGINES), description="Inference engine."),
     "policy": Param(PUBLIC_POLICIES[0], enum=list(PUBLIC_POLICIES),
                     description="Scheduling policy: blendserve, or a baseline to A/B against."),
-    "hardware": Param("a100-80g", enum=["a100-80g", "h100-sxm", "h200", "l40s"],
-                      description="Hardware profile the plan is costed on."),
+    "hardware": Param(HARDWARE_CHOICES[0], enum=list(HARDWARE_CHOICES),
+                      description="Hardware profile the plan is costed on: auto = this machine's calibrated"
+                                  " profile (blendserve calibrate), else a100-80g; or a catalog GPU."),
     "sample_rate": Param(0.01, type="number", minimum=0, maximum=1,
                          description="Share of each shard run first to learn output lengths (0 = none)."),
     "keep_sharing": Param(0.99, type="number", minimum=0, maximum=1,

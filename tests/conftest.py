@@ -7,6 +7,7 @@ before any test module imports it.
 from __future__ import annotations
 
 import os
+import tempfile
 import subprocess
 import sys
 import uuid
@@ -26,6 +27,9 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
 # One vLLM engine per test session: starting one costs ~30 s on 2 cores.
 os.environ["BLENDSERVE_KEEP_ENGINES"] = "1"
 os.environ.setdefault("BLENDSERVE_RETRY_DELAY_S", "1")
+# Calibrated profiles of the developer's machine stay out of tests: `--hardware auto` finds none (the A100
+# fallback) unless a test calibrates into its own folder.
+os.environ["BLENDSERVE_PROFILES"] = tempfile.mkdtemp(prefix="blendserve-profiles-")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -30,11 +30,13 @@ def test_every_registered_policy_builds_from_its_row_and_only_benchmark_ones_are
 def test_the_form_and_the_cli_offer_the_librarys_engines_and_policies():
     from blendserve import ENGINES
     from blendserve.cli import build_parser
+    from blendserve.costmodel.profiles import CHOICES as HARDWARE_CHOICES
     from blendserve.scheduling.registry import PUBLIC_POLICIES
 
     params = dags()["blendserve_batch"].params
     assert params.get_param("engine").schema["enum"] == list(ENGINES)
     assert params.get_param("policy").schema["enum"] == list(PUBLIC_POLICIES)
+    assert params.get_param("hardware").schema["enum"] == list(HARDWARE_CHOICES) and HARDWARE_CHOICES[0] == "auto"
     run = build_parser()._subparsers._group_actions[0].choices["run"]
     choices = {a.dest: a.choices for a in run._actions}
     assert tuple(choices["engine"]) == ENGINES and tuple(choices["policy"]) == PUBLIC_POLICIES

@@ -18,7 +18,7 @@ from blendserve.pipeline.database import DatabaseLocked
 
 # Each names a module in blendserve.commands that defines add_parser(subparsers),
 # which sets ``func`` on its parser.
-COMMANDS = ("run", "plan", "simulate", "workload", "report")
+COMMANDS = ("run", "plan", "simulate", "workload", "report", "calibrate")
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 

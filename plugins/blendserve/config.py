@@ -59,7 +59,9 @@ class RunConfig:
     storage_conn_id: str = ""  # Airflow connection for URL inputs and work_dir; empty: credentials from the environment
     model: str = ""  # model folder; default: the prepared SmolLM2-135M-Instruct
     policy: str = "blendserve"  # scheduling policy: a name in scheduling.registry.POLICIES
-    hardware: str = "a100-80g"  # hardware profile the plan is costed on (catalog name)
+    # profile the plan is costed on: "auto" (this machine's calibrated profile for these engine settings,
+    # else a100-80g), a catalog GPU, or a calibrated profile's name (costmodel.profiles)
+    hardware: str = "auto"
     sample_rate: float = 0.01  # share of each shard's requests run first to learn output lengths (0 = none)
     keep_sharing: float = 0.99  # split budget: the plan keeps at least this share of DFS prefix sharing
     explain: bool = True  # simulate every policy at plan time (predicted_* metrics, plan log); off for speed

@@ -27,7 +27,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    choices=PUBLIC_POLICIES,
                    help="scheduling policy; the baselines are there to A/B against")
     p.add_argument("--sample-rate", type=float, default=0.01, help="share of each shard run first to learn output lengths (0 = none)")
-    p.add_argument("--hardware", default="a100-80g", help="hardware profile the plan is costed on")
+    p.add_argument("--hardware", default="auto",
+                   help="profile the plan is costed on: auto (this machine's, from `blendserve calibrate` with the"
+                        " same engine settings; else a100-80g), or a catalog GPU (a100-80g, h100-sxm, h200, l40s)")
     p.add_argument("--shards", type=int, default=1, help="data-parallel shards, run one after another here")
     p.add_argument("--max-tokens", type=int, default=256, help="default max_tokens for requests that give none")
     p.add_argument("--max-model-len", type=int, default=2048, help="context length; longer prompts are rejected")
@@ -65,6 +67,9 @@ def format_summary(s: dict) -> str:
         f"  inference wall   {s.get('wall_seconds', 0):.1f} s (whole job {s['job_seconds']:.1f} s incl. engine start)",
         f"  throughput       {s.get('tokens_per_second', 0):,.0f} tokens/s (input + output)",
         f"  prefix cache     {100 * s.get('prefix_hit_rate', 0):.1f}% of prompt tokens served from cache",
+        *([f"  replay           {s['replay_seconds']:.1f} s predicted for what ran on {s['hardware']}"
+           f" ({100 * s['replay_error']:+.1f}% vs the {s['replay_measured_seconds']:.1f} s measured)"]
+          if "replay_seconds" in s else [f"  costed on        {s.get('hardware', '-')}"]),
         f"  outputs          {s['db']}  (table outputs, run_id = '{s['run_id']}')",
         f"  report           {s['report']}",
     ]

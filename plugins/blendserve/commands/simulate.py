@@ -20,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="fcfs,dfs,balance", help="comma-separated policy names")
     p.add_argument("--token-budget", type=int, default=None, help="tokens per engine step (default: resource-aware)")
     p.add_argument("--max-running", type=int, default=256, help="sequences running at once")
-    p.add_argument("--overlap", choices=["max", "sum"], default="max", help="step time f(compute, memory)")
+    p.add_argument("--overlap", choices=["max", "sum"], default=None,
+                   help="step time f(compute, memory); default: the hardware's own (max for the catalog GPUs)")
     p.add_argument("--seed", type=int, default=0, help="seed of random policies (balance)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)

@@ -34,6 +34,13 @@ class HardwareSpec:
     tp: int = 1  # tensor-parallel degree: F, B and memory scale with it
     tp_efficiency: float = 1.0  # share of linear speed-up kept per doubling of tp (all-reduce cost)
     efficiency_source: str = "peak"  # where the efficiency factors come from
+    # seconds every engine step pays beyond its compute and memory (scheduling, sampling, Python):
+    # measured on CPUs by ``blendserve calibrate``; 0 for the catalog GPUs, whose kernels dominate
+    step_overhead: float = 0.0
+    overlap: str = "max"  # how a step combines compute and memory time on this device: "max" or "sum"
+    # tokens per step of the engine a calibrated profile was measured on (vLLM's max_num_batched_tokens):
+    # its steps are only costed right at that budget; None (the catalog GPUs): resource-aware (sim.budget)
+    token_budget: int | None = None
 
     @property
     def tp_scale(self) -> float:

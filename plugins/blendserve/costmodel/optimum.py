@@ -43,7 +43,7 @@ from blendserve.planner.lcp import sort_prompts  # the planner's exact LCP sort
 class Optimum:
     comp: float  # C*: seconds of unavoidable compute
     mem: float  # M*: seconds of unavoidable memory traffic (KV reads + one weight read per step)
-    time: float  # T_opt = f(C*, M*)
+    time: float  # T_opt = f(C*, M*) + S_min * step overhead
     overlap: str  # f: "max" or "sum"
     min_steps: float = 0.0  # S_min: steps every order takes at least (each reads the weights once)
 
@@ -79,7 +79,9 @@ def t_opt(
     kv_reads = float(np.sum(p * d + d * (d - 1.0) / 2.0))
     steps = min_steps(d, kv_capacity_tokens)
     mem = float(cost_model.kv_read_time(kv_reads)) + steps * cost_model.weight_read_time
-    return Optimum(comp, mem, float(combine(comp, mem, overlap)), overlap, steps)
+    # every one of those steps also pays the device's fixed overhead (0 on the catalog GPUs)
+    time = float(combine(comp, mem, overlap)) + steps * cost_model.hardware.step_overhead
+    return Optimum(comp, mem, time, overlap, steps)
 
 
 def min_steps(output_tokens: np.ndarray, kv_capacity_tokens: float | None = None) -> float:

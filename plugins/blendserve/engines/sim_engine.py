@@ -26,6 +26,7 @@ import numpy as np
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware, get_model
+from blendserve.costmodel.profiles import AUTO, FALLBACK
 from blendserve.engines.base import BatchRequests, EngineRequest, EngineResult, EngineStats, ResultSink
 from blendserve.engines.common import RunBook, refusal
 from blendserve.scheduling.admission import AdmissionController, EngineState
@@ -72,7 +73,8 @@ def simulator_setup(config: RunConfig) -> tuple[CostModel, SimConfig]:
     costs a simulator run with the same ones, so prediction and simulation share one clock."""
     settings = dict(config.extra.get("simulator", {}))
     model = get_model(settings.pop("model", "smollm2-135m"))
-    hardware = get_hardware(settings.pop("hardware", config.hardware), int(settings.pop("tp", 1)))
+    default = FALLBACK if config.hardware == AUTO else config.hardware  # the simulator plays a catalog GPU
+    hardware = get_hardware(settings.pop("hardware", default), int(settings.pop("tp", 1)))
     settings.setdefault("max_running", config.max_num_seqs)
     known = {f.name for f in fields(SimConfig)}
     unknown = set(settings) - known

@@ -115,6 +115,17 @@ def start_run(con: duckdb.DuckDBPyConnection, run_id: str, config_json: str) -> 
     )
 
 
+def record_hardware(con: duckdb.DuckDBPyConnection, run_id: str, hardware: str) -> None:
+    """Put the hardware the plan resolved (``auto`` -> a calibrated profile's name, or the fallback GPU)
+    in the run's config, so the report and later steps cost on the same profile and say which."""
+    row = con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if row is None:  # planned without an ingest step (a test, a library caller): no run row to annotate
+        return
+    config = json.loads(row[0])
+    config["hardware"] = hardware
+    con.execute("UPDATE runs SET config_json = ? WHERE run_id = ?", [json.dumps(config, sort_keys=True), run_id])
+
+
 def finish_run(con: duckdb.DuckDBPyConnection, run_id: str, status: str = "finished") -> None:
     con.execute("UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?", [status, datetime.now(timezone.utc), run_id])
 

@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 from blendserve import files
 from blendserve.batch import RequestBatch, read_batch
 from blendserve.config import RunConfig
-from blendserve.costmodel import CostModel, get_hardware
+from blendserve.costmodel import CostModel
 from blendserve.costmodel.model_spec import from_hf_config
+from blendserve.costmodel.profiles import resolve_hardware
 from blendserve.engines.sim_engine import simulator_setup
 from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.groups import LeafGroups, leaf_groups
@@ -185,12 +186,12 @@ def read_plan(path: str | Path) -> pa.Table:
 
 
 def cost_model_for(config: RunConfig) -> CostModel:
-    """The simulator engine's model and GPU; for real engines, the model's own shapes and the
-    configured hardware profile (on a CPU the profile is nominal: the order depends on density
-    ratios, which any profile scales alike)."""
+    """The simulator engine's model and GPU; for real engines, the model's own shapes and the hardware
+    ``resolve_hardware`` picks: this machine's calibrated profile under ``auto`` (else the A100, nominal:
+    the order depends on density ratios, which any profile scales alike), or the named one."""
     if config.engine == "simulator":
         return simulator_setup(config)[0]
-    return CostModel(from_hf_config(config.model_path() / "config.json"), get_hardware(config.hardware))
+    return CostModel(from_hf_config(config.model_path() / "config.json"), resolve_hardware(config)[0])
 
 
 def kv_capacity_for(config: RunConfig, cost: CostModel) -> int:

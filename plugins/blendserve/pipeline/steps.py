@@ -35,6 +35,7 @@ from blendserve.pipeline.shard import ShardWork, plan_shard
 from blendserve.progress import Progress, Stages, phase
 from blendserve.report.build import build_report
 from blendserve.report.explain import explain_plan
+from blendserve.report.replay import replay_metrics
 from blendserve.scheduling.admission import Delegating, EngineState
 from blendserve.validation import check_outputs, check_requests, raise_on_failure
 
@@ -74,11 +75,13 @@ def validate_input_step(config: RunConfig) -> dict:
 def plan_step(config: RunConfig) -> list[int]:
     """Order the requests with the configured policy, cut the order into shards, write plan.parquet."""
     with phase(f"plan ({config.policy})"):
-        rows = plan_rows(config, load_inputs(config))
+        inputs = load_inputs(config)
+        rows = plan_rows(config, inputs)
     files.atomic_write_parquet(rows, config.plan_path)
     saved = rows.num_rows - pc.sum(pc.equal(rows.column("request_id"), rows.column("answered_by")), min_count=0).as_py()
     with database.connect(config.db) as con:
         database.put_plan(con, config.run_id, config.plan_path)
+        database.record_hardware(con, config.run_id, inputs.cost.hardware.name)
         database.put_metrics(con, config.run_id, {"dedupe_saved": saved})  # inferences identical requests did not need
     log.info("plan: %d requests, policy %s, %d shards, %d duplicates answered by a twin",
              rows.num_rows, config.policy, config.shards, saved)
@@ -94,7 +97,14 @@ def explain_step(config: RunConfig) -> str:
 
 
 def report_step(config: RunConfig) -> str:
-    """The run report (Markdown + PNG plots) beside the DuckDB file."""
+    """The run report (Markdown + PNG plots) beside the DuckDB file; first, on a calibrated profile, the
+    replay of what ran (``replay_*`` metrics: the cost model's seconds against the measured ones)."""
+    replay = replay_metrics(config)
+    if replay:
+        with database.connect(config.db) as con:
+            database.put_metrics(con, config.run_id, replay)
+        log.info("replay: %.1f s predicted for what ran, %.1f s measured (%+.1f%%)", replay["replay_seconds"],
+                 replay["replay_measured_seconds"], 100 * replay["replay_error"])
     path = build_report(config.db, config.run_id)
     log.info("run report: %s", path)
     return str(path)
@@ -252,13 +262,15 @@ def summary(config: RunConfig) -> dict:
                FROM outputs WHERE run_id = ?""", [config.run_id]).fetchone()
         rejected = con.execute("SELECT count(*) FROM rejects WHERE run_id = ?", [config.run_id]).fetchone()[0]
         metrics = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = ?", [config.run_id]).fetchall())
+        run = con.execute("SELECT config_json FROM runs WHERE run_id = ?", [config.run_id]).fetchone()
         samples = con.execute(
             """SELECT request_id, text FROM outputs WHERE run_id = ? AND status = 'ok' AND num_output_tokens > 1
                ORDER BY request_id LIMIT 1""", [config.run_id]).fetchall()
         samples += con.execute(
             """SELECT request_id, text FROM outputs WHERE run_id = ? AND status = 'ok' AND num_output_tokens <= 1
                ORDER BY request_id LIMIT 1""", [config.run_id]).fetchall()
-    return {"run_id": config.run_id, "requests": row[0], "rejected": rejected, "errors": row[3],
+    hardware = json.loads(run[0])["hardware"] if run else config.hardware  # as the plan step resolved it
+    return {"run_id": config.run_id, "hardware": hardware, "requests": row[0], "rejected": rejected, "errors": row[3],
             "input_tokens": row[1] or 0, "output_tokens": row[2] or 0, **metrics,
             "db": str(config.db), "samples": samples}
 
@@ -323,7 +335,7 @@ def _run_steps(config: RunConfig, overlap: bool) -> dict:
             if config.explain:
                 explain_step(config)
             validate_outputs_step(config)
-            report = report_step(config)
+            report = report_step(config)  # before the summary: it stores the replay_* metrics the summary shows
         stages.add("engine start", START_TIMES.get(engine_key(config)))
         return {**summary(config), "report": report, "stages": stages.seconds}
     finally:

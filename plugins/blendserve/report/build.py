@@ -101,10 +101,13 @@ def _throughput(data: RunData, prediction: Prediction | None, why_not: str, out:
     predicted = prediction.tokens_per_second.get(policy)
     lines += [f"Predicted for {policy}: {_num(predicted)} tokens/s, {_num(prediction.seconds.get(policy))} s"
               f" on {prediction.hardware} ({prediction.source})."]
+    lines += _replay(data)
     if prediction.comparable and predicted and achieved is not None:
-        lines.append(f"Achieved / predicted: **{achieved / predicted:.2f}** (the simulator engine runs on the cost"
-                     " model's clock, so seconds compare directly; the prediction plans on the warm-up's"
-                     " estimates from the start, the run learnt them during its first answers).")
+        clock = ("the simulator engine runs on the cost model's clock" if data.run["engine"] == "simulator" else
+                 f"{prediction.hardware} is this machine's calibrated profile of the {data.run['engine']} engine")
+        lines.append(f"Achieved / predicted: **{achieved / predicted:.2f}** ({clock}, so seconds compare directly;"
+                     " the prediction plans on the warm-up's estimates from the start, the run learnt them during"
+                     " its first answers).")
     elif not prediction.comparable:
         lines.append(f"The {data.run['engine']} engine did not run on the {prediction.hardware} profile the"
                      " prediction is costed on, so seconds do not compare; what compares is the order of"
@@ -115,6 +118,16 @@ def _throughput(data: RunData, prediction: Prediction | None, why_not: str, out:
     figure = plots.throughput(prediction.tokens_per_second, achieved if prediction.comparable else None, policy,
                               out / "throughput.png")
     return lines + [""] + _image(figure, "predicted throughput per policy")
+
+
+def _replay(data: RunData) -> list[str]:
+    """The cost model's seconds for what ran (its order, the true output lengths) against the measured ones."""
+    replay, measured = data.metrics.get("replay_seconds"), data.metrics.get("replay_measured_seconds")
+    if replay is None or not measured:
+        return []
+    return [f"Replay on the calibrated profile (the order that ran, with the true output lengths):"
+            f" **{_num(replay)} s predicted** vs {_num(measured)} s of inference measured,"
+            f" error **{replay / measured - 1:+.1%}**."]
 
 
 def _prefix_cache(data: RunData, prediction: Prediction | None, out: Path) -> list[str]:

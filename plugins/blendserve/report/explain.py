@@ -24,7 +24,7 @@ from blendserve.pipeline import database
 from blendserve.pipeline.plan import Plan, item_costs, load_inputs
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
 from blendserve.scheduling.registry import PUBLIC_POLICIES
-from blendserve.sim import SimConfig
+from blendserve.sim import SimConfig, step_overlap
 from blendserve.sim.compare import compare_policies, true_outputs
 
 EXPLAIN_ROWS = 20_000  # requests the policies are simulated on, at most (a seeded uniform sample above it)
@@ -220,7 +220,7 @@ def _shard_leaves(tree: PrefixTree, batch: RequestBatch, positions: dict[str, tu
 def _scaled(sampled: Explanation, batch: RequestBatch, cost: CostModel, sim: SimConfig) -> Explanation:
     """A sample's explanation for the whole ``batch``: its T_opt and tokens, each policy's time scaled alike."""
     outputs = true_outputs(batch)
-    t_opt = batch_t_opt(cost, batch, outputs, sim.overlap, sim.kv_capacity_tokens).time
+    t_opt = batch_t_opt(cost, batch, outputs, step_overlap(cost, sim), sim.kv_capacity_tokens).time
     scale = t_opt / sampled.t_opt_s if sampled.t_opt_s else 1.0
     prompt = int(batch.prompt_lens.sum())
     tokens = prompt + int(outputs.sum())
@@ -239,7 +239,8 @@ def explain_plan(config: RunConfig) -> str:
 
 
 def sim_config_for(config: RunConfig, kv_capacity: int) -> SimConfig:
-    """The simulator settings of a simulator run; for a real engine, its KV capacity in tokens."""
+    """The simulator settings of a simulator run; for a real engine, its KV capacity in tokens (a calibrated
+    profile brings the engine's tokens per step itself: ``HardwareSpec.token_budget``)."""
     settings = config.extra.get("simulator", {}) if config.engine == "simulator" else {}
     known = {k: v for k, v in settings.items() if k in SimConfig.__dataclass_fields__}
     known.setdefault("kv_capacity_tokens", int(kv_capacity))

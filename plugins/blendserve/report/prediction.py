@@ -12,8 +12,8 @@ from blendserve.report.explain import explain_run, prediction_metrics
 @dataclass
 class Prediction:
     source: str  # where the numbers come from, in words (for the report)
-    hardware: str  # the hardware profile they are costed on
-    comparable: bool  # True when the run's seconds are on the same clock (the simulator engine)
+    hardware: str  # the hardware profile they are costed on (auto resolved: a calibrated profile's name, or the GPU)
+    comparable: bool  # True when the run's seconds are on the same clock (simulator engine, calibrated profile)
     seconds: dict[str, float] = field(default_factory=dict)  # policy -> predicted wall seconds
     tokens_per_second: dict[str, float] = field(default_factory=dict)  # policy -> predicted tokens/s
     prefix_hit_rate: dict[str, float] = field(default_factory=dict)  # policy -> predicted prefix-cache hit rate
@@ -37,8 +37,9 @@ def _hardware(data: RunData) -> str:
 
 
 def _comparable(data: RunData) -> bool:
-    """Only the simulator engine runs on the cost model's clock; a real engine runs on whatever it ran on."""
-    return data.run["engine"] == "simulator"
+    """The simulator engine runs on the cost model's clock; a real engine only on a calibrated profile of
+    itself (then the report step stored the replay of what ran: ``replay_seconds``)."""
+    return data.run["engine"] == "simulator" or "replay_seconds" in data.metrics
 
 
 def _stored(data: RunData) -> Prediction:

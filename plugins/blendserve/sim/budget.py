@@ -21,7 +21,10 @@ class HasTokenBudget(Protocol):
 
 
 def token_budget(cost_model: CostModel, config: HasTokenBudget, capacity: int) -> int:
-    """The step's token budget: the configured one, else the resource-aware one for this KV capacity."""
+    """The step's token budget: the configured one, else the calibrated engine's (``HardwareSpec.token_budget``),
+    else the resource-aware one for this KV capacity."""
     if config.token_budget is not None:
         return int(config.token_budget)
+    if cost_model.hardware.token_budget is not None:
+        return int(cost_model.hardware.token_budget)
     return balanced_token_budget(cost_model, capacity)

@@ -13,7 +13,7 @@ from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.sampling import estimate_outputs, select_samples
 from blendserve.scheduling.choice import Choice
 from blendserve.scheduling.registry import PolicyContext, make_controller
-from blendserve.sim.simulator import SimConfig, SimResult, kv_capacity_tokens, simulate
+from blendserve.sim.simulator import SimConfig, SimResult, kv_capacity_tokens, simulate, step_overlap
 
 
 def true_outputs(batch: RequestBatch) -> np.ndarray:
@@ -45,7 +45,7 @@ def compare_policies(
     outputs = true_outputs(batch)
     estimates = default_output_estimates(batch) if estimates is None else np.asarray(estimates, dtype=np.int64)
     context = PolicyContext(batch, estimates, cost, kv_capacity_tokens(cost, config), seed)
-    optimum = batch_t_opt(cost, batch, outputs, config.overlap, context.kv_capacity_tokens)
+    optimum = batch_t_opt(cost, batch, outputs, step_overlap(cost, config), context.kv_capacity_tokens)
     results: dict[str, tuple[SimResult, float]] = {}
     chosen: dict[str, dict] = {}  # policy -> what it chose by prediction (blendserve), when it says
     for name in policies + (["dfs"] if "dfs" not in policies else []):
@@ -61,7 +61,7 @@ def compare_policies(
     return {
         "requests": len(batch), "input_tokens": int(batch.prompt_lens.sum()), "output_tokens": int(outputs.sum()),
         "model": cost.model.name, "hardware": f"{cost.hardware.name} x{cost.hardware.tp}",
-        "kv_capacity_tokens": context.kv_capacity_tokens, "overlap": config.overlap,
+        "kv_capacity_tokens": context.kv_capacity_tokens, "overlap": step_overlap(cost, config),
         "token_budget": results[policies[0]][0].token_budget if policies else None, "min_steps": optimum.min_steps,
         "t_opt_s": optimum.time, "c_star_s": optimum.comp, "m_star_s": optimum.mem, "policies": rows,
     }

@@ -35,6 +35,11 @@ class Seq:
         self.uid = 0  # bumped on each state change, so stale heap entries are skipped
 
 
+def step_overlap(cost_model: CostModel, config) -> str:  # type: ignore[no-untyped-def]
+    """f of a step: the config's (``SimConfig.overlap``) when it sets one, else the hardware's own."""
+    return config.overlap or cost_model.hardware.overlap
+
+
 class EngineCore:
     def __init__(self, batch: RequestBatch, outputs: np.ndarray, cost_model: CostModel,
                  controller: AdmissionController, config, capacity: int) -> None:
@@ -61,6 +66,8 @@ class EngineCore:
         self.per_kv_read = float(cost_model.kv_read_time(1))
         self.per_attn = float(cost_model.attention_comp_time(1, 1)) if config.attention_flops else 0.0
         self.weight_read = cost_model.weight_read_time
+        self.overhead = cost_model.hardware.step_overhead  # seconds each step pays beyond compute and memory
+        self.overlap = step_overlap(cost_model, config)
 
     # -- KV accounting -------------------------------------------------------------------------
     @property
@@ -200,7 +207,7 @@ class EngineCore:
         if self.per_attn:
             comp += self.per_attn * (dec_reads + sum(c * (s.ctx - (c - 1) / 2.0) for s, c in chunks))
         mem = self.weight_read + (dec_reads + chunk_reads) * self.per_kv_read
-        self._advance(1, comp, mem, comp + mem if self.config.overlap == "sum" else max(comp, mem))
+        self._advance(1, comp, mem, self.overhead + (comp + mem if self.overlap == "sum" else max(comp, mem)))
         self.computed_tokens += n_dec + chunk_tokens
         for seq, _ in chunks:
             if seq.left == 0:
@@ -215,7 +222,7 @@ class EngineCore:
         base = self.dec_base + n_dec * self.step  # KV of decoding sequences before the run
         c0, c1 = n_dec * self.per_token_comp + self.per_attn * base, self.per_attn * n_dec
         m0, m1 = self.weight_read + self.per_kv_read * base, self.per_kv_read * n_dec
-        duration = sum_linear_steps(c0, c1, m0, m1, k, self.config.overlap)
+        duration = k * self.overhead + sum_linear_steps(c0, c1, m0, m1, k, self.overlap)
         reads = k * base + n_dec * k * (k + 1) / 2.0
         comp = k * n_dec * self.per_token_comp + self.per_attn * reads
         self._advance(k, comp, k * self.weight_read + reads * self.per_kv_read, duration)

@@ -28,7 +28,7 @@ import numpy as np
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.scheduling.admission import AdmissionController
-from blendserve.sim.engine_core import EngineCore
+from blendserve.sim.engine_core import EngineCore, step_overlap
 from blendserve.sim.timeline import Timeline
 
 GIB = float(1 << 30)
@@ -43,7 +43,7 @@ class SimConfig:
     gpu_memory_utilization: float = 0.9  # share of device memory the engine may use
     reserve_bytes: float = 2 * GIB  # per device: activations, CUDA graphs, allocator slack
     kv_capacity_tokens: int | None = None  # override the KV capacity computed from memory
-    overlap: str = "max"  # f of a step: "max" (compute and memory overlap) or "sum"
+    overlap: str | None = None  # f of a step: "max" (compute and memory overlap), "sum"; None: the hardware's
     attention_flops: bool = False  # add attention FLOPs (QK^T, AV) to each step's compute
     prefix_cache: bool = True  # reuse cached prompt prefixes (radix cache)
     block_size: int = 16  # KV block in tokens (vLLM's default on GPUs): prefix hits are whole blocks

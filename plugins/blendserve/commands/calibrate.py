@@ -1,0 +1,52 @@
+"""``blendserve calibrate``: fit this machine's hardware profile on the real engine, for ``--hardware auto``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+
+from blendserve import ENGINES
+from blendserve.config import RunConfig
+
+GRIDS = ("default", "test")  # the full grid (~1 minute of vLLM-CPU) or a seconds-long one for tests
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    defaults = RunConfig(run_id="calibrate", input="", db="calibrate.duckdb")
+    p = subparsers.add_parser("calibrate", help="measure this machine on the engine; plans then cost in its seconds")
+    p.add_argument("--engine", default="vllm", choices=[e for e in ENGINES if e != "simulator"])
+    p.add_argument("--model", default="", help="model folder (default: the prepared SmolLM2-135M-Instruct)")
+    p.add_argument("--max-model-len", type=int, default=defaults.max_model_len, help="as for run")
+    p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs, help="engine's running-sequence limit")
+    p.add_argument("--kv-cache-gb", type=float, default=defaults.kv_cache_gb, help="as for run")
+    p.add_argument("--grid", choices=GRIDS, default="default", help="batches measured")
+    p.add_argument("--json", action="store_true", help="print the stored profile as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from blendserve.calibrate import DEFAULT_GRID, TEST_GRID, calibrate
+    from blendserve.costmodel.profiles import save_profile
+
+    with tempfile.TemporaryDirectory() as scratch:  # the engine needs a RunConfig, which names a db; none is written
+        config = RunConfig(run_id="calibrate", input="", db=f"{scratch}/calibrate.duckdb", engine=args.engine,
+                           model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                           kv_cache_gb=args.kv_cache_gb)
+        profile, fit = calibrate(config, DEFAULT_GRID if args.grid == "default" else TEST_GRID)
+    path = save_profile(profile)
+    if args.json:
+        print(json.dumps({"path": str(path), **asdict(profile)}, indent=2))
+        return 0
+    hw = fit.hardware
+    print(f"calibrated {profile.name} in {profile.took_s:.0f} s; stored {path}")
+    print(f"  F {hw.flops:.3g} FLOP/s, B {hw.bandwidth:.3g} B/s, step overhead {1e3 * hw.step_overhead:.2f} ms,"
+          f" overlap {hw.overlap}; token budget {hw.token_budget}")
+    print(f"  {'batch':<24}{'measured s':>12}{'predicted s':>13}{'error':>9}")
+    for row in profile.batches:
+        error = row["predicted_s"] / row["measured_s"] - 1.0
+        print(f"  {row['label']:<24}{row['measured_s']:>12.2f}{row['predicted_s']:>13.2f}{error:>+9.1%}")
+    print(f"  median |error| {profile.fit_error:.1%}; runs with --hardware auto and these settings now use it")
+    return 0
