@@ -75,6 +75,7 @@ bench-run:
 	$(BENCH)/bench_grid.py --requests $(GRID_REQUESTS) --lengths hidden --out
 	$(BENCH)/bench_sampling.py --requests $(SAMPLING_REQUESTS) --out
 	$(BENCH)/bench_pipeline.py --sizes $(PIPELINE_SIZES) --out
+	$(BENCH)/bench_peer.py --quick --out  # the real engine, ~15 min on 2 quiet cores; full size: drop --quick (hours)
 	$(PY) bench/render.py
 
 bench-render:  ## docs/BENCHMARKS.md from the results already in bench/results/

