@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -107,13 +108,22 @@ def run_batch_command(batch: Path, out: Path, s: Settings) -> list[str]:
 def timed(command: list[str], log: Path) -> tuple[float, str]:
     """Run ``command`` to its exit (stderr to ``log``); its wall seconds and stdout. Fails loudly."""
     started = time.monotonic()
-    with open(log, "w") as err:
-        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=err, text=True, env=engine_env(), cwd=REPO)
+    with open(log, "w") as err, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True,
+                                                 env=engine_env(), cwd=REPO) as process:
+        try:
+            stdout, _ = process.communicate()
+        finally:  # stopped (SIGTERM, Ctrl-C): TERM first, so the child stops its engine processes too
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
     wall = time.monotonic() - started
-    log.with_suffix(".stdout").write_text(done.stdout)  # vLLM logs to stdout: its stats lines, its settings
-    if done.returncode:
-        raise RuntimeError(f"{command[:4]} failed ({done.returncode}); see {log}")
-    return wall, done.stdout
+    log.with_suffix(".stdout").write_text(stdout)  # vLLM logs to stdout: its settings, its periodic stats
+    if process.returncode:
+        raise RuntimeError(f"{command[:4]} failed ({process.returncode}); see {log}")
+    return wall, stdout
 
 
 def run_vllm(system: str, batch: Path, work: Path, s: Settings) -> SystemRun:
@@ -153,9 +163,16 @@ def from_duckdb(system: str, db: Path, run_id: str, wall: float, summary: dict) 
     """A blendserve run's answers and tokens from its DuckDB table ``outputs``."""
     import duckdb
 
-    with duckdb.connect(str(db), read_only=True) as con:
-        rows = con.execute("SELECT request_id, text, num_prompt_tokens, num_output_tokens, status FROM outputs "
-                           "WHERE run_id = ?", [run_id]).fetchall()
+    for attempt in range(60):  # a process still closing the file (an Airflow task) holds its lock a moment
+        try:
+            with duckdb.connect(str(db), read_only=True) as con:
+                rows = con.execute("SELECT request_id, text, num_prompt_tokens, num_output_tokens, status "
+                                   "FROM outputs WHERE run_id = ?", [run_id]).fetchall()
+            break
+        except duckdb.IOException:
+            if attempt == 59:
+                raise
+            time.sleep(2)
     prompt = sum(r[2] or 0 for r in rows)
     output = sum(r[3] or 0 for r in rows)
     return SystemRun(system, "", 0, wall, len(rows), sum(1 for r in rows if r[4] == 'error'), prompt, output,
@@ -269,6 +286,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                     "(default: all; quick: no large)")
     ap.add_argument("--scale", type=float, default=1.0, help="request counts times this (0.2: a tiny proof run)")
     ap.add_argument("--airflow", action="store_true", help="also blendserve through a live Airflow")
+    ap.add_argument("--systems", default=None, help=f"comma list out of {','.join(SYSTEMS)},airflow "
+                                                    "(default: all; airflow only with --airflow)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--max-model-len", type=int, default=2048)
@@ -283,13 +302,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finallies: stop the child, the Airflow
     sizes = (peer_batches.QUICK if args.quick else peer_batches.FULL).scaled(args.scale)
     names = args.batches.split(",") if args.batches else ["mixed", "locality", "duplicates"] + ([] if args.quick else ["large"])
     rounds = args.rounds or (1 if args.quick else 3)
-    systems = list(SYSTEMS) + (["airflow"] if args.airflow else [])
+    systems = args.systems.split(",") if args.systems else list(SYSTEMS) + (["airflow"] if args.airflow else [])
     with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
         folder = args.work or Path(tmp)
-        airflow = LiveAirflow.start(folder / "airflow") if args.airflow else None
+        airflow = LiveAirflow.start(folder / "airflow") if "airflow" in systems else None
         try:
             result = {}
             for name in names:

@@ -48,8 +48,10 @@ class LiveAirflow:
         started = time.monotonic()
         subprocess.run([str(AIRFLOW_LOCAL), "start"], env=env, check=True, timeout=600, stdout=subprocess.DEVNULL)
         live = cls(home, port, env)
-        # the export DAG follows each run on its Asset event: paused, it neither holds the DuckDB file nor the cores
-        live.api("dags/blendserve_export", {"is_paused": True}, method="PATCH")
+        # the export DAG follows each run on its Asset event, the inbox DAG polls every minute: paused, neither
+        # takes the cores (nor the DuckDB file) from the timed runs
+        for dag in ("blendserve_export", "blendserve_inbox"):
+            live.api(f"dags/{dag}", {"is_paused": True}, method="PATCH")
         print(f"airflow: up in {time.monotonic() - started:.0f} s on port {port} (home {home})", flush=True)
         return live
 
