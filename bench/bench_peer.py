@@ -51,7 +51,8 @@ from blendserve.model_prep import ensure_model_dir
 from common import REPO, write_result
 from peer_airflow import LiveAirflow
 
-SYSTEMS = ("run-batch", "run-batch-sorted", "blendserve")
+SYSTEMS = ("run-batch", "run-batch-sorted", "blendserve")  # the default set; "airflow" with --airflow
+ALL_SYSTEMS = (*SYSTEMS, "airflow")
 BASELINE = "run-batch"
 
 
@@ -213,16 +214,16 @@ def spread(values: list[float], fmt: str) -> str:
 def summarize(runs: list[SystemRun]) -> dict[str, dict]:
     """Per system: medians and ranges of wall, tokens/s and prefix hits, and its stage times."""
     out = {}
-    for system in dict.fromkeys(r.system for r in runs):
+    for system in sorted({r.system for r in runs}, key=list(ALL_SYSTEMS).index):
         mine = [r for r in runs if r.system == system]
         walls, tps = [r.wall_s for r in mine], [r.tokens_per_s for r in mine]
         out[system] = {"wall_s": statistics.median(walls), "wall_min_s": min(walls), "wall_max_s": max(walls),
                        "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps),
                        "tokens_per_s_max": max(tps), "prefix_hit_rate": statistics.median(r.prefix_hit_rate for r in mine),
                        "errors": max(r.errors for r in mine), "requests": mine[0].requests}
-        if mine[0].inference_s is not None:
-            out[system]["inference_s"] = statistics.median(r.inference_s for r in mine)
-            out[system]["job_s"] = statistics.median(r.job_s for r in mine)
+        for stage in ("inference_s", "job_s"):  # blendserve's own stage times, where its summary gives them
+            if getattr(mine[0], stage) is not None:
+                out[system][stage] = statistics.median(getattr(r, stage) for r in mine)
     return out
 
 
@@ -241,8 +242,9 @@ def print_table(name: str, summary: dict[str, dict], same: dict[str, float]) -> 
     for system, s in summary.items():
         ratio = f"{base / s['wall_s']:.2f}x" if base else "-"
         agree = f"{same[system]:.1%}" if system in same else "-"
-        stage = f" (job {s['job_s']:.1f} s, inference {s['inference_s']:.1f} s)" if "job_s" in s else ""
-        print(f"  | {system} | {s['wall_s']:.1f} ({s['wall_min_s']:.1f} to {s['wall_max_s']:.1f}){stage} | {ratio} "
+        stage = "".join(f", {label} {s[key]:.1f} s" for key, label in (("job_s", "job"), ("inference_s", "inference"))
+                        if key in s)
+        print(f"  | {system} | {s['wall_s']:.1f} ({s['wall_min_s']:.1f} to {s['wall_max_s']:.1f}{stage}) | {ratio} "
               f"| {s['tokens_per_s']:.0f} | {s['prefix_hit_rate']:.1%} | {agree} | {s['errors']} |", flush=True)
 
 
@@ -286,7 +288,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                     "(default: all; quick: no large)")
     ap.add_argument("--scale", type=float, default=1.0, help="request counts times this (0.2: a tiny proof run)")
     ap.add_argument("--airflow", action="store_true", help="also blendserve through a live Airflow")
-    ap.add_argument("--systems", default=None, help=f"comma list out of {','.join(SYSTEMS)},airflow "
+    ap.add_argument("--systems", default=None, help=f"comma list out of {','.join(ALL_SYSTEMS)} "
                                                     "(default: all; airflow only with --airflow)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-num-seqs", type=int, default=32)

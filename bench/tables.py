@@ -229,7 +229,7 @@ def peer_section(data: dict) -> str:
         for system, s in systems.items():
             ratio = lambda other: "-" if other is None or system.startswith("run-batch") else (  # noqa: E731
                 f"**{other['wall_s'] / s['wall_s']:.2f}x**")
-            stage = f"{s['job_s']:.0f} / {s['inference_s']:.0f}" if "job_s" in s else "-"
+            stage = " / ".join(f"{s[k]:.0f}" if k in s else "-" for k in ("job_s", "inference_s"))
             same = b["identical_vs_run_batch"].get(system)
             rows.append([name if system == next(iter(systems)) else "", PEER_SYSTEMS.get(system, system),
                          f"{s['wall_s']:.1f} ({s['wall_min_s']:.1f} .. {s['wall_max_s']:.1f})",
@@ -254,4 +254,4 @@ def peer_section(data: dict) -> str:
     header = ["batch", "system", "wall s", "tok/s", "prefix hits", "speed-up vs run-batch",
               "speed-up vs run-batch sorted", "identical answers vs run-batch", "blendserve job / inference s",
               "errors"]
-    return "\n\n".join([intro, table(header, rows), data.get("environment", ""), provenance(data)])
+    return "\n\n".join(p for p in [intro, table(header, rows), data.get("environment", ""), provenance(data)] if p)

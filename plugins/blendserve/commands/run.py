@@ -45,9 +45,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    defaults_unless_given = {"part_rows": args.part_rows, "max_num_seqs": args.max_num_seqs}
+    config = config_from_args(args)
+    started = time.monotonic()
+    result = run_pipeline(config)
+    result["job_seconds"] = time.monotonic() - started
+    print(json.dumps(result, indent=2, default=str) if args.json else format_summary(result))
+    return 0
 
-    config = RunConfig(
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    defaults_unless_given = {"part_rows": args.part_rows, "max_num_seqs": args.max_num_seqs}
+    return RunConfig(
         run_id=args.run_id or new_run_id(),
         input=args.input, db=args.db, work_dir=args.work_dir, engine=args.engine, policy=args.policy, shards=args.shards,
         sample_rate=args.sample_rate, hardware=args.hardware, explain=not args.no_explain,
@@ -55,11 +63,6 @@ def run(args: argparse.Namespace) -> int:
         extra={"vllm": {"dtype": args.dtype}} if args.engine == "vllm" else {},
         **{name: value for name, value in defaults_unless_given.items() if value is not None},
     )
-    started = time.monotonic()
-    result = run_pipeline(config)
-    result["job_seconds"] = time.monotonic() - started
-    print(json.dumps(result, indent=2, default=str) if args.json else format_summary(result))
-    return 0
 
 
 def format_summary(s: dict) -> str:
