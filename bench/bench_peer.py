@@ -64,6 +64,7 @@ class Settings:
     max_model_len: int  # context length
     max_num_seqs: int  # running-sequence limit
     kv_gb: float  # KV cache, GiB (kv_cache_memory_bytes)
+    max_num_batched_tokens: int  # tokens per step (vLLM's default differs: 4096 for LLM, 2048 for run-batch on CPU)
 
     @property
     def kv_bytes(self) -> int:
@@ -102,7 +103,8 @@ def run_batch_command(batch: Path, out: Path, s: Settings) -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(batch), "-o", str(out),
             "--model", str(ensure_model_dir()), "--served-model-name", peer_batches.MODEL_NAME,
             "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
-            "--kv-cache-memory-bytes", str(s.kv_bytes), "--enable-prefix-caching", "--enable-chunked-prefill",
+            "--kv-cache-memory-bytes", str(s.kv_bytes), "--max-num-batched-tokens", str(s.max_num_batched_tokens),
+            "--enable-prefix-caching", "--enable-chunked-prefill",
             "--enforce-eager", "--seed", "0", "--enable-prompt-tokens-details"]
 
 
@@ -150,7 +152,7 @@ def run_vllm(system: str, batch: Path, work: Path, s: Settings) -> SystemRun:
 def blendserve_command(batch: Path, db: Path, s: Settings) -> list[str]:
     return [sys.executable, "-m", "blendserve", "run", "--input", str(batch), "--db", str(db), "--json",
             "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
-            "--kv-cache-gb", repr(s.kv_gb)]
+            "--kv-cache-gb", repr(s.kv_gb), "--max-num-batched-tokens", str(s.max_num_batched_tokens)]
 
 
 def run_blendserve(batch: Path, work: Path, s: Settings) -> SystemRun:
@@ -196,7 +198,7 @@ def run_system(system: str, files: dict[str, Path], work: Path, s: Settings, air
 def conf_settings(s: Settings) -> dict:
     """The DAG run conf keys for the same settings as blendserve_command's flags."""
     return {"dtype": s.dtype, "max_model_len": s.max_model_len, "max_num_seqs": s.max_num_seqs,
-            "kv_cache_gb": s.kv_gb}
+            "kv_cache_gb": s.kv_gb, "max_num_batched_tokens": s.max_num_batched_tokens}
 
 
 # -- figures -------------------------------------------------------------------------------------------------
@@ -293,6 +295,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=4096,
+                    help="tokens per step, for all (default: what blendserve's vLLM gets by default on a CPU)")
     ap.add_argument("--kv-gb", type=float, default=1.0, help="KV cache, GiB (all batches but locality)")
     ap.add_argument("--locality-kv-gb", type=float, default=0.25, help="KV cache of the locality batch, GiB")
     ap.add_argument("--seed", type=int, default=0)
@@ -316,7 +320,7 @@ def main() -> None:
             result = {}
             for name in names:
                 kv = args.locality_kv_gb if name == "locality" else args.kv_gb
-                s = Settings(args.dtype, args.max_model_len, args.max_num_seqs, kv)
+                s = Settings(args.dtype, args.max_model_len, args.max_num_seqs, kv, args.max_num_batched_tokens)
                 files, facts = prepare(name, sizes, args.seed, s, folder)
                 runs = bench_batch(name, files, systems, rounds, s, folder, airflow)
                 summary, same = summarize(runs), agreement(runs)
@@ -330,6 +334,7 @@ def main() -> None:
     if args.out:
         write_result("peer", {"settings": {"dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
                                            "max_model_len": args.max_model_len, "kv_gb": args.kv_gb,
+                                           "max_num_batched_tokens": args.max_num_batched_tokens,
                                            "locality_kv_gb": args.locality_kv_gb},
                               "quick": args.quick, "scale": args.scale, "rounds": rounds, "systems": systems,
                               "environment": environment(), "batches": result})

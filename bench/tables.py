@@ -243,7 +243,8 @@ def peer_section(data: dict) -> str:
     size = ("Quick size" if data["quick"] else "Full size") + (f", counts x{data['scale']:g}" if data["scale"] != 1 else "")
     intro = (f"The same OpenAI batch file through each system, each a whole process from start to exit (engine "
              f"start, reading, writing included). Same engine settings for all: {st['dtype']}, max_num_seqs "
-             f"{st['max_num_seqs']}, max_model_len {st['max_model_len']}, prefix caching, chunked prefill, "
+             f"{st['max_num_seqs']}, max_model_len {st['max_model_len']}, max_num_batched_tokens "
+             f"{st.get('max_num_batched_tokens', '-')}, prefix caching, chunked prefill, "
              f"enforce_eager, seed 0. Medians of {data['rounds']} interleaved round(s) (min .. max). "
              "Speed-up = run-batch wall / blendserve wall (above 1: blendserve faster). tok/s = (prompt + output "
              "tokens of every request) / wall. Prefix hits: run-batch's `usage.prompt_tokens_details.cached_tokens` "

@@ -95,7 +95,9 @@ PARAMS = {
     "kv_cache_gb": Param(1.0, type="number", exclusiveMinimum=0, description="KV cache (GB) on CPU."),
 }
 # Tests also pass "fail_after_rows" in the run conf (each shard's first try fails after that many rows)
-# and "part_rows", the peer bench "max_num_seqs" and "dtype"; they are no Params, so the form does not offer them.
+# and "part_rows", bench/bench_peer.py "max_num_seqs" and ENGINE_CONF; they are no Params, so the form
+# does not offer them.
+ENGINE_CONF = ("dtype", "max_num_batched_tokens")  # run conf keys passed to vLLM (RunConfig.extra["vllm"])
 
 
 def run_config(params: dict, run_id: str, try_number: int = 1):
@@ -120,7 +122,7 @@ def run_config(params: dict, run_id: str, try_number: int = 1):
         **({"part_rows": params["part_rows"]} if "part_rows" in params else {}),
         # bench/bench_peer.py passes the engine settings it matches across systems (as `blendserve run` flags)
         **({"max_num_seqs": params["max_num_seqs"]} if "max_num_seqs" in params else {}),
-        **({"extra": {"vllm": {"dtype": params["dtype"]}}} if "dtype" in params else {}),
+        **({"extra": {"vllm": vllm}} if (vllm := {k: params[k] for k in ENGINE_CONF if k in params}) else {}),
     )
 
 

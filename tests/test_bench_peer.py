@@ -15,10 +15,10 @@ def run_config(*flags: str):
 
 
 def test_blendserve_run_takes_the_engine_settings_the_peer_bench_matches() -> None:
-    config = run_config("--dtype", "float32", "--max-num-seqs", "8")
-    assert config.extra["vllm"]["dtype"] == "float32" and config.max_num_seqs == 8
+    config = run_config("--dtype", "float32", "--max-num-seqs", "8", "--max-num-batched-tokens", "4096")
+    assert config.extra["vllm"] == {"dtype": "float32", "max_num_batched_tokens": 4096} and config.max_num_seqs == 8
     default = run_config()
-    assert default.extra["vllm"]["dtype"] == "bfloat16" and default.max_num_seqs == 64  # as before the flags
+    assert default.extra["vllm"] == {"dtype": "bfloat16"} and default.max_num_seqs == 64  # as before the flags
     assert run_config("--engine", "simulator").extra == {}
 
 

@@ -36,6 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="engine's running-sequence limit (default: RunConfig's, 64)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32", "auto"),
                    help="vLLM weight and activation dtype (RunConfig.extra['vllm']['dtype'])")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="vLLM's token budget per step (default: vLLM's for its LLM class; 4096 on a CPU)")
     p.add_argument("--part-rows", type=int, default=None,
                    help="results per committed part file: what a crash can lose, and how often progress is "
                         "saved (default: RunConfig's, 64)")
@@ -60,9 +62,17 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         input=args.input, db=args.db, work_dir=args.work_dir, engine=args.engine, policy=args.policy, shards=args.shards,
         sample_rate=args.sample_rate, hardware=args.hardware, explain=not args.no_explain,
         default_max_tokens=args.max_tokens, max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,
-        extra={"vllm": {"dtype": args.dtype}} if args.engine == "vllm" else {},
+        extra={"vllm": vllm_options(args)} if args.engine == "vllm" else {},
         **{name: value for name, value in defaults_unless_given.items() if value is not None},
     )
+
+
+def vllm_options(args: argparse.Namespace) -> dict:
+    """EngineArgs keywords from the flags (RunConfig.extra["vllm"], passed through to vLLM)."""
+    options = {"dtype": args.dtype}
+    if args.max_num_batched_tokens is not None:
+        options["max_num_batched_tokens"] = args.max_num_batched_tokens
+    return options
 
 
 def format_summary(s: dict) -> str:
