@@ -29,9 +29,10 @@ INTRO = """# Benchmarks
 
 Regenerate everything on this page with one command: `make bench` (quick mode, about 40 minutes
 on 2 busy cores, plus about 15 for the real engine against `vllm run-batch`) or `make bench-full`
-(the paper's sizes, hours). Each bench writes its numbers to `bench/results/<name>.json` and its figures to `docs/img/`; `bench/render.py` writes this page from
-them. Every table says the machine, versions and command that made it. "uncommitted" lists the files of
-the planner, simulator, cost model, sampler and workload builder that differed from that commit.
+(the paper's sizes, hours). Each bench writes its numbers to `bench/results/<name>.json` and its
+figures to `docs/img/`; `bench/render.py` writes this page from them. Every table says the machine,
+versions and command that made it. "uncommitted" lists the files of the planner, simulator, cost model,
+sampler and workload builder that differed from that commit.
 
 The simulator is the cost model of `docs/COST_MODEL.md` driven step by step (continuous batching,
 chunked prefill, KV capacity, an LRU prefix cache). Throughput is (input + output tokens) / simulated
