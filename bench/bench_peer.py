@@ -28,7 +28,8 @@ batch, in a rotating order, ``--rounds`` rounds; tables give medians (min to max
 
 Sizes: ``--quick`` (mixed 160, locality 144, duplicates 144 requests, 1 round, no large batch): about
 15 minutes on 2 quiet cores. Full (mixed 440, locality 400, duplicates 450, large 4,400, 3 rounds):
-about 3 hours (the large batch dominates; ``--airflow`` adds about a quarter).
+5 to 7 hours, estimated (the large batch dominates, 25-35 minutes a system a round; ``--rounds 1``: about
+2 hours; ``--airflow`` adds a third).
 """
 
 from __future__ import annotations
