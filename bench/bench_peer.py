@@ -224,7 +224,8 @@ def summarize(runs: list[SystemRun]) -> dict[str, dict]:
         walls, tps = [r.wall_s for r in mine], [r.tokens_per_s for r in mine]
         out[system] = {"wall_s": statistics.median(walls), "wall_min_s": min(walls), "wall_max_s": max(walls),
                        "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps),
-                       "tokens_per_s_max": max(tps), "prefix_hit_rate": statistics.median(r.prefix_hit_rate for r in mine),
+                       "tokens_per_s_max": max(tps),
+                       "prefix_hit_rate": statistics.median(r.prefix_hit_rate for r in mine),
                        "errors": max(r.errors for r in mine), "requests": mine[0].requests}
         for stage in ("inference_s", "job_s"):  # blendserve's own stage times, where its summary gives them
             if getattr(mine[0], stage) is not None:
@@ -267,7 +268,8 @@ def prepare(name: str, sizes: peer_batches.Sizes, seed: int, s: Settings, folder
              "sorted": peer_batches.write(rows, folder / name / "batch-sorted.jsonl", by_prompt=True)}
     print(f"{name}: {facts['requests']} requests, {facts['prompt_tokens']:,} prompt tokens, up to "
           f"{facts['max_output_tokens']:,} output tokens; distinct shared MMLU prefixes "
-          f"{facts['distinct_prefix_tokens']:,} tokens vs KV {facts['kv_tokens']:,} tokens ({s.kv_gb:g} GiB)", flush=True)
+          f"{facts['distinct_prefix_tokens']:,} tokens vs KV {facts['kv_tokens']:,} tokens ({s.kv_gb:g} GiB)",
+          flush=True)
     return files, facts
 
 
@@ -313,7 +315,8 @@ def main() -> None:
     args = parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finallies: stop the child, the Airflow
     sizes = (peer_batches.QUICK if args.quick else peer_batches.FULL).scaled(args.scale)
-    names = args.batches.split(",") if args.batches else ["mixed", "locality", "duplicates"] + ([] if args.quick else ["large"])
+    every = ["mixed", "locality", "duplicates"] + ([] if args.quick else ["large"])
+    names = args.batches.split(",") if args.batches else every
     rounds = args.rounds or (1 if args.quick else 3)
     systems = args.systems.split(",") if args.systems else list(SYSTEMS) + (["airflow"] if args.airflow else [])
     with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:

@@ -90,8 +90,8 @@ def mmlu_one_prefix(n: int, rng: np.random.Generator, tag: str = "mmlu") -> list
     """``n`` questions from every subject's test set under one subject's 5-shot prefix."""
     fs, root = fewshot(), data_root() / "mmlu"
     dev = fs.load(root / "dev" / f"{MIXED_PREFIX_SUBJECT}_dev.csv")[:5]
-    prefix = (f"The following are multiple choice questions (with answers) about {fs.fmt_subject(MIXED_PREFIX_SUBJECT)}."
-              "\n\n" + "".join(fs.fmt_example(r) for r in dev))
+    prefix = ("The following are multiple choice questions (with answers) about "
+              f"{fs.fmt_subject(MIXED_PREFIX_SUBJECT)}.\n\n" + "".join(fs.fmt_example(r) for r in dev))
     questions = [(p.name[: -len("_test.csv")], i, r) for p in sorted((root / "test").glob("*_test.csv"))
                  for i, r in enumerate(fs.load(p))]
     picked = [questions[k] for k in rng.choice(len(questions), size=min(n, len(questions)), replace=False)]

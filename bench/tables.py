@@ -240,7 +240,8 @@ def peer_section(data: dict) -> str:
                       + (f" (distinct 5-shot prefixes {b['distinct_prefix_tokens']:,} tokens)"
                          if name == "locality" else "") for name, b in data["batches"].items())
     st = data["settings"]
-    size = ("Quick size" if data["quick"] else "Full size") + (f", counts x{data['scale']:g}" if data["scale"] != 1 else "")
+    size = "Quick size" if data["quick"] else "Full size"
+    size += f", counts x{data['scale']:g}" if data["scale"] != 1 else ""
     intro = (f"The same OpenAI batch file through each system, each a whole process from start to exit (engine "
              f"start, reading, writing included). Same engine settings for all: {st['dtype']}, max_num_seqs "
              f"{st['max_num_seqs']}, max_model_len {st['max_model_len']}, max_num_batched_tokens "
