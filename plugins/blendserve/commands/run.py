@@ -34,6 +34,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="default max_tokens for requests that give none")
     p.add_argument("--max-model-len", type=int, default=2048, help="context length; longer prompts are rejected")
     p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="engine's running-sequence limit (default: RunConfig's, 64)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32", "auto"),
+                   help="vLLM weight and activation dtype (RunConfig.extra['vllm']['dtype'])")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="vLLM's token budget per step (default: vLLM's for its LLM class; 4096 on a CPU)")
     p.add_argument("--part-rows", type=int, default=None,
                    help="results per committed part file: what a crash can lose, and how often progress is "
                         "saved (default: RunConfig's, 64)")
@@ -43,20 +49,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    defaults_unless_given = {"part_rows": args.part_rows}
-
-    config = RunConfig(
-        run_id=args.run_id or new_run_id(),
-        input=args.input, db=args.db, work_dir=args.work_dir, engine=args.engine, policy=args.policy, shards=args.shards,
-        sample_rate=args.sample_rate, hardware=args.hardware, explain=not args.no_explain,
-        default_max_tokens=args.max_tokens, max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,
-        **{name: value for name, value in defaults_unless_given.items() if value is not None},
-    )
+    config = config_from_args(args)
     started = time.monotonic()
     result = run_pipeline(config, overlap=True)
     result["job_seconds"] = time.monotonic() - started
     print(json.dumps(result, indent=2, default=str) if args.json else format_summary(result))
     return 0
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    defaults_unless_given = {"part_rows": args.part_rows, "max_num_seqs": args.max_num_seqs}
+    return RunConfig(
+        run_id=args.run_id or new_run_id(),
+        input=args.input, db=args.db, work_dir=args.work_dir, engine=args.engine, policy=args.policy, shards=args.shards,
+        sample_rate=args.sample_rate, hardware=args.hardware, explain=not args.no_explain,
+        default_max_tokens=args.max_tokens, max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,
+        extra={"vllm": vllm_options(args)} if args.engine == "vllm" else {},
+        **{name: value for name, value in defaults_unless_given.items() if value is not None},
+    )
+
+
+def vllm_options(args: argparse.Namespace) -> dict:
+    """EngineArgs keywords from the flags (RunConfig.extra["vllm"], passed through to vLLM)."""
+    options = {"dtype": args.dtype}
+    if args.max_num_batched_tokens is not None:
+        options["max_num_batched_tokens"] = args.max_num_batched_tokens
+    return options
 
 
 def format_summary(s: dict) -> str:

@@ -1,0 +1,48 @@
+"""bench_peer.py's pieces that need no engine: the CLI settings it matches, its figures, its table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from blendserve.cli import build_parser
+from blendserve.commands.run import config_from_args
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def run_config(*flags: str):
+    return config_from_args(build_parser().parse_args(["run", "--input", "x.jsonl", "--db", "x.duckdb", *flags]))
+
+
+def test_blendserve_run_takes_the_engine_settings_the_peer_bench_matches() -> None:
+    config = run_config("--dtype", "float32", "--max-num-seqs", "8", "--max-num-batched-tokens", "4096")
+    assert config.extra["vllm"] == {"dtype": "float32", "max_num_batched_tokens": 4096} and config.max_num_seqs == 8
+    default = run_config()
+    assert default.extra["vllm"] == {"dtype": "bfloat16"} and default.max_num_seqs == 64  # as before the flags
+    assert run_config("--engine", "simulator").extra == {}
+
+
+def test_figures_and_table(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_peer
+    import tables
+
+    def run(system: str, wall: float, answers: dict, **stages) -> "bench_peer.SystemRun":
+        return bench_peer.SystemRun(system, "mixed", 0, wall, 2, 0, 90, 10, 100 / wall, 0.5, answers=answers, **stages)
+
+    runs = [run("blendserve", 8.0, {"a": "B", "b": " yes"}, inference_s=4.0, job_s=7.0),
+            run("run-batch", 10.0, {"a": "B", "b": "no"}), run("run-batch-sorted", 9.0, {"a": "B", "b": "no "})]
+    summary, same = bench_peer.summarize(runs), bench_peer.agreement(runs)
+    assert list(summary) == ["run-batch", "run-batch-sorted", "blendserve"]  # the same order in every table
+    assert same == {"blendserve": 0.5, "run-batch-sorted": 1.0}
+    assert summary["blendserve"]["job_s"] == 7.0 and "job_s" not in summary["run-batch"]
+    data = {"provenance": {"cpu": "cpu", "cores": 2, "python": "3.11", "numpy": "2", "commit": "abc",
+                           "uncommitted": [], "date": "today", "command": "bench/bench_peer.py --quick --out"},
+            "settings": {"dtype": "float32", "max_num_seqs": 32, "max_model_len": 2048, "kv_gb": 1.0,
+                         "locality_kv_gb": 0.25},
+            "quick": True, "scale": 1.0, "rounds": 1, "batches": {"mixed": {
+                "requests": 2, "prompt_tokens": 90, "max_output_tokens": 10, "kv_gb": 1.0, "kv_tokens": 100,
+                "distinct_prefix_tokens": 0, "systems": summary, "identical_vs_run_batch": same}}}
+    page = tables.peer_section(data)
+    assert "| mixed | vllm run-batch | 10.0 (10.0 .. 10.0) |" in page
+    assert "| **1.25x** | **1.12x** | 50.0% | 7 / 4 | 0 |" in page  # blendserve over run-batch and over sorted
