@@ -49,6 +49,7 @@ from pathlib import Path
 import peer_batches
 from bench_warmup import environment
 from blendserve.config import RunConfig
+from blendserve.costmodel.profiles import load_profile
 from blendserve.engines.vllm_engine import configure_cpu_env
 from blendserve.model_prep import ensure_model_dir
 from common import REPO, write_result
@@ -90,6 +91,9 @@ class SystemRun:
     prefix_hit_rate: float  # prompt tokens served from the prefix cache, share (see the module docstring)
     inference_s: float | None = None  # blendserve: its summary's inference wall (engine serving only)
     job_s: float | None = None  # blendserve: its own job seconds (ingest, plan, engine start, infer, load)
+    hardware: str | None = None  # blendserve: the profile its plan was costed on (a calibrated one, with auto)
+    replay_s: float | None = None  # blendserve: the cost model's seconds for what ran (report/replay.py)
+    replay_error: float | None = None  # blendserve: replay_s / inference_s - 1
     answers: dict[str, str] = field(default_factory=dict, repr=False)  # custom_id -> answer text (not saved)
 
 
@@ -152,10 +156,29 @@ def run_vllm(system: str, batch: Path, work: Path, s: Settings) -> SystemRun:
                      cached / prompt if prompt else 0.0, answers=answers)
 
 
+def engine_flags(s: Settings) -> list[str]:
+    """blendserve's engine flags (commands/engine_options) for ``s``: the same for run and calibrate."""
+    return ["--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
+            "--kv-cache-gb", repr(s.kv_gb), "--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+
+
 def blendserve_command(batch: Path, db: Path, s: Settings) -> list[str]:
     return [sys.executable, "-m", "blendserve", "run", "--input", str(batch), "--db", str(db), "--json",
-            "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
-            "--kv-cache-gb", repr(s.kv_gb), "--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+            *engine_flags(s)]
+
+
+def calibrated(s: Settings, log: Path) -> dict:
+    """This machine's profile for ``s`` (``blendserve calibrate`` once, when there is none yet), so that
+    ``--hardware auto`` costs blendserve's plans in this machine's seconds; how long calibrating took."""
+    config = RunConfig(run_id="bench-peer", input="-", db="-", max_model_len=s.max_model_len,
+                       max_num_seqs=s.max_num_seqs, kv_cache_gb=s.kv_gb,
+                       extra={"vllm": {"dtype": s.dtype, "max_num_batched_tokens": s.max_num_batched_tokens}})
+    existing = load_profile(config)
+    if existing is not None:
+        return {"profile": existing.name, "calibrate_s": None, "fit_error": existing.fit_error}
+    wall, stdout = timed([sys.executable, "-m", "blendserve", "calibrate", "--json", *engine_flags(s)], log)
+    profile = json.loads(stdout[stdout.index("{"):])
+    return {"profile": profile["name"], "calibrate_s": wall, "fit_error": profile["fit_error"]}
 
 
 def run_blendserve(batch: Path, work: Path, s: Settings) -> SystemRun:
@@ -184,6 +207,8 @@ def from_duckdb(system: str, db: Path, run_id: str, wall: float, summary: dict) 
     return SystemRun(system, "", 0, wall, len(rows), sum(1 for r in rows if r[4] == 'error'), prompt, output,
                      (prompt + output) / wall, float(summary.get("prefix_hit_rate", 0.0)),
                      inference_s=summary.get("wall_seconds"), job_s=summary.get("job_seconds"),
+                     hardware=summary.get("hardware"), replay_s=summary.get("replay_seconds"),
+                     replay_error=summary.get("replay_error"),
                      answers={r[0]: r[1] or "" for r in rows})
 
 
@@ -227,9 +252,11 @@ def summarize(runs: list[SystemRun]) -> dict[str, dict]:
                        "tokens_per_s_max": max(tps),
                        "prefix_hit_rate": statistics.median(r.prefix_hit_rate for r in mine),
                        "errors": max(r.errors for r in mine), "requests": mine[0].requests}
-        for stage in ("inference_s", "job_s"):  # blendserve's own stage times, where its summary gives them
+        for stage in ("inference_s", "job_s", "replay_s", "replay_error"):  # blendserve's own, where its summary has them
             if getattr(mine[0], stage) is not None:
                 out[system][stage] = statistics.median(getattr(r, stage) for r in mine)
+        if mine[0].hardware:
+            out[system]["hardware"] = mine[0].hardware
     return out
 
 
@@ -328,6 +355,7 @@ def main() -> None:
                 kv = args.locality_kv_gb if name == "locality" else args.kv_gb
                 s = Settings(args.dtype, args.max_model_len, args.max_num_seqs, kv, args.max_num_batched_tokens)
                 files, facts = prepare(name, sizes, args.seed, s, folder)
+                facts["calibration"] = calibrated(s, folder / f"calibrate-{name}.log")
                 runs = bench_batch(name, files, systems, rounds, s, folder, airflow)
                 summary, same = summarize(runs), agreement(runs)
                 print_table(name, summary, same)

@@ -231,10 +231,11 @@ def peer_section(data: dict) -> str:
                 f"**{other['wall_s'] / s['wall_s']:.2f}x**")
             stage = " / ".join(f"{s[k]:.0f}" if k in s else "-" for k in ("job_s", "inference_s"))
             same = b["identical_vs_run_batch"].get(system)
+            replay = f"{s['replay_s']:.0f} ({s['replay_error']:+.0%})" if "replay_s" in s else "-"
             rows.append([name if system == next(iter(systems)) else "", PEER_SYSTEMS.get(system, system),
                          f"{s['wall_s']:.1f} ({s['wall_min_s']:.1f} .. {s['wall_max_s']:.1f})",
                          f"{s['tokens_per_s']:.0f}", f"{s['prefix_hit_rate']:.1%}", ratio(base), ratio(by_sorted),
-                         "-" if same is None else f"{same:.1%}", stage, str(s["errors"])])
+                         "-" if same is None else f"{same:.1%}", stage, replay, str(s["errors"])])
     facts = "; ".join(f"{name}: {b['requests']:,} requests, {b['prompt_tokens']:,} prompt tokens, up to "
                       f"{b['max_output_tokens']:,} output, KV {b['kv_gb']:g} GiB = {b['kv_tokens']:,} tokens"
                       + (f" (distinct 5-shot prefixes {b['distinct_prefix_tokens']:,} tokens)"
@@ -251,9 +252,11 @@ def peer_section(data: dict) -> str:
              "tokens of every request) / wall. Prefix hits: run-batch's `usage.prompt_tokens_details.cached_tokens` "
              "over `prompt_tokens`; blendserve's summary `prefix_hit_rate` (the requests it served; duplicates it "
              "answered from a twin are not in it). Identical answers: greedy answers equal to run-batch's, joined "
-             f"on custom_id. {size}. "
+             f"on custom_id. Predicted inference s: the report's replay of what ran on this machine's calibrated "
+             f"profile (`blendserve calibrate`, run first with the same settings; `--hardware auto`), against "
+             f"the measured inference seconds. {size}. "
              f"Batches: {facts}. Command: `.venv/bin/python bench/bench_peer.py [--quick] [--airflow] --out`.")
     header = ["batch", "system", "wall s", "tok/s", "prefix hits", "speed-up vs run-batch",
               "speed-up vs run-batch sorted", "identical answers vs run-batch", "blendserve job / inference s",
-              "errors"]
+              "predicted inference s (error)", "errors"]
     return "\n\n".join(p for p in [intro, table(header, rows), data.get("environment", ""), provenance(data)] if p)

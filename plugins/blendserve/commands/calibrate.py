@@ -7,19 +7,15 @@ import json
 import tempfile
 
 from blendserve import ENGINES
+from blendserve.commands.engine_options import add_engine_arguments, engine_settings
 from blendserve.config import RunConfig
 
 GRIDS = ("default", "test")  # the full grid (~1 minute of vLLM-CPU) or a seconds-long one for tests
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    defaults = RunConfig(run_id="calibrate", input="", db="calibrate.duckdb")
     p = subparsers.add_parser("calibrate", help="measure this machine on the engine; plans then cost in its seconds")
-    p.add_argument("--engine", default="vllm", choices=[e for e in ENGINES if e != "simulator"])
-    p.add_argument("--model", default="", help="model folder (default: the prepared SmolLM2-135M-Instruct)")
-    p.add_argument("--max-model-len", type=int, default=defaults.max_model_len, help="as for run")
-    p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs, help="engine's running-sequence limit")
-    p.add_argument("--kv-cache-gb", type=float, default=defaults.kv_cache_gb, help="as for run")
+    add_engine_arguments(p, engines=tuple(e for e in ENGINES if e != "simulator"))
     p.add_argument("--grid", choices=GRIDS, default="default", help="batches measured")
     p.add_argument("--json", action="store_true", help="print the stored profile as JSON")
     p.set_defaults(func=run)
@@ -32,9 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from blendserve.costmodel.profiles import save_profile
 
     with tempfile.TemporaryDirectory() as scratch:  # the engine needs a RunConfig, which names a db; none is written
-        config = RunConfig(run_id="calibrate", input="", db=f"{scratch}/calibrate.duckdb", engine=args.engine,
-                           model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                           kv_cache_gb=args.kv_cache_gb)
+        config = RunConfig(run_id="calibrate", input="", db=f"{scratch}/calibrate.duckdb", **engine_settings(args))
         profile, fit = calibrate(config, DEFAULT_GRID if args.grid == "default" else TEST_GRID)
     path = save_profile(profile)
     if args.json:

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from blendserve import ENGINES
+from blendserve.commands.engine_options import add_engine_arguments, engine_settings
 from blendserve.config import RunConfig, new_run_id
 from blendserve.pipeline.steps import run_pipeline
 from blendserve.scheduling.registry import PUBLIC_POLICIES
@@ -15,7 +15,7 @@ from blendserve.scheduling.registry import PUBLIC_POLICIES
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run a dataset end to end into DuckDB")
     p.add_argument("--input", required=True, help="input file or glob (JSONL, OpenAI batch JSONL, CSV, Parquet)")
-    p.add_argument("--engine", default="vllm", choices=ENGINES)
+    add_engine_arguments(p)
     p.add_argument("--db", required=True, help="DuckDB file the outputs land in")
     p.add_argument("--work-dir", default="",
                    help="run folder (requests, plan, part files): a path or s3://, gs:// URL (fsspec credentials "
@@ -32,14 +32,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         " same engine settings; else a100-80g), or a catalog GPU (a100-80g, h100-sxm, h200, l40s)")
     p.add_argument("--shards", type=int, default=1, help="data-parallel shards, run one after another here")
     p.add_argument("--max-tokens", type=int, default=256, help="default max_tokens for requests that give none")
-    p.add_argument("--max-model-len", type=int, default=2048, help="context length; longer prompts are rejected")
-    p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)")
-    p.add_argument("--max-num-seqs", type=int, default=None,
-                   help="engine's running-sequence limit (default: RunConfig's, 64)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32", "auto"),
-                   help="vLLM weight and activation dtype (RunConfig.extra['vllm']['dtype'])")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="vLLM's token budget per step (default: vLLM's for its LLM class; 4096 on a CPU)")
     p.add_argument("--part-rows", type=int, default=None,
                    help="results per committed part file: what a crash can lose, and how often progress is "
                         "saved (default: RunConfig's, 64)")
@@ -58,23 +50,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    defaults_unless_given = {"part_rows": args.part_rows, "max_num_seqs": args.max_num_seqs}
+    defaults_unless_given = {"part_rows": args.part_rows}
     return RunConfig(
         run_id=args.run_id or new_run_id(),
-        input=args.input, db=args.db, work_dir=args.work_dir, engine=args.engine, policy=args.policy, shards=args.shards,
+        input=args.input, db=args.db, work_dir=args.work_dir, policy=args.policy, shards=args.shards,
         sample_rate=args.sample_rate, hardware=args.hardware, explain=not args.no_explain,
-        default_max_tokens=args.max_tokens, max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,
-        extra={"vllm": vllm_options(args)} if args.engine == "vllm" else {},
+        default_max_tokens=args.max_tokens, **engine_settings(args),
         **{name: value for name, value in defaults_unless_given.items() if value is not None},
     )
-
-
-def vllm_options(args: argparse.Namespace) -> dict:
-    """EngineArgs keywords from the flags (RunConfig.extra["vllm"], passed through to vLLM)."""
-    options = {"dtype": args.dtype}
-    if args.max_num_batched_tokens is not None:
-        options["max_num_batched_tokens"] = args.max_num_batched_tokens
-    return options
 
 
 def format_summary(s: dict) -> str:

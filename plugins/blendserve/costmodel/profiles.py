@@ -128,8 +128,10 @@ def load_profile(config) -> Profile | None:  # type: ignore[no-untyped-def]
 def calibrate_command(config) -> str:  # type: ignore[no-untyped-def]
     """The command that calibrates ``config``'s engine settings (for the warning)."""
     model = f" --model {config.model}" if config.model else ""
+    vllm = config.extra.get("vllm", {}) if config.engine == "vllm" else {}
+    options = "".join(f" --{k.replace('_', '-')} {vllm[k]}" for k in ("dtype", "max_num_batched_tokens") if k in vllm)
     return (f"blendserve calibrate --engine {config.engine}{model} --max-model-len {config.max_model_len}"
-            f" --max-num-seqs {config.max_num_seqs} --kv-cache-gb {config.kv_cache_gb}")
+            f" --max-num-seqs {config.max_num_seqs} --kv-cache-gb {config.kv_cache_gb}{options}")
 
 
 def resolved_profile(config) -> Profile | None:  # type: ignore[no-untyped-def]
