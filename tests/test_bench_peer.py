@@ -30,7 +30,7 @@ def test_figures_and_table(monkeypatch) -> None:
     def run(system: str, wall: float, answers: dict, **stages) -> "bench_peer.SystemRun":
         return bench_peer.SystemRun(system, "mixed", 0, wall, 2, 0, 90, 10, 100 / wall, 0.5, answers=answers, **stages)
 
-    runs = [run("blendserve", 8.0, {"a": "B", "b": " yes"}, inference_s=4.0, job_s=7.0),
+    runs = [run("blendserve", 8.0, {"a": "B", "b": " yes"}, inference_s=4.0, job_s=7.0, replay_s=5.0, replay_error=0.25),
             run("run-batch", 10.0, {"a": "B", "b": "no"}), run("run-batch-sorted", 9.0, {"a": "B", "b": "no "})]
     summary, same = bench_peer.summarize(runs), bench_peer.agreement(runs)
     assert list(summary) == ["run-batch", "run-batch-sorted", "blendserve"]  # the same order in every table
@@ -45,4 +45,4 @@ def test_figures_and_table(monkeypatch) -> None:
                 "distinct_prefix_tokens": 0, "systems": summary, "identical_vs_run_batch": same}}}
     page = tables.peer_section(data)
     assert "| mixed | vllm run-batch | 10.0 (10.0 .. 10.0) |" in page
-    assert "| **1.25x** | **1.12x** | 50.0% | 7 / 4 | 0 |" in page  # blendserve over run-batch and over sorted
+    assert "| **1.25x** | **1.12x** | 50.0% | 7 / 4 | 5 (+25%) | 0 |" in page  # blendserve over run-batch and over sorted
