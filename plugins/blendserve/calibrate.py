@@ -24,6 +24,11 @@ from blendserve.costmodel import CostModel, get_hardware
 from blendserve.costmodel.fit import Fit, Measured, fit_hardware
 from blendserve.costmodel.model_spec import from_hf_config
 from blendserve.costmodel.profiles import FALLBACK, Profile, profile_key, profile_name
+from blendserve.engines import engine_session
+from blendserve.engines.common import requests_from_batch
+from blendserve.pipeline.plan import kv_capacity_for
+from blendserve.scheduling.admission import StaticOrder
+from blendserve.sim import SimConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +65,6 @@ def cells(config: RunConfig, grid: tuple[tuple[int, int, int], ...]) -> list[tup
 
 def run_grid(engine, config: RunConfig, grid: list[tuple[int, int, int]], vocab: int) -> list[Measured]:  # type: ignore[no-untyped-def]
     """Each cell through ``engine`` in admission order; its wall seconds and the lengths it produced."""
-    from blendserve.engines.common import requests_from_batch
-    from blendserve.scheduling.admission import StaticOrder
-
     runs = []
     for seed, (n, p, d) in enumerate([WARMUP, *grid]):
         batch = grid_batch(n, p, d, vocab, seed)
@@ -83,10 +85,6 @@ def run_grid(engine, config: RunConfig, grid: list[tuple[int, int, int]], vocab:
 
 def calibrate(config: RunConfig, grid: tuple[tuple[int, int, int], ...] = DEFAULT_GRID) -> tuple[Profile, Fit]:
     """Measure ``grid`` on ``config``'s engine, fit the profile, store it; the profile and the fit."""
-    from blendserve.engines import engine_session
-    from blendserve.pipeline.plan import kv_capacity_for
-    from blendserve.sim import SimConfig
-
     started = time.monotonic()
     key = profile_key(config)
     model = from_hf_config(config.model_path() / "config.json")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from dataclasses import asdict
 
 from blendserve import ENGINES
+from blendserve.calibrate import DEFAULT_GRID, TEST_GRID, calibrate
 from blendserve.commands.engine_options import add_engine_arguments, engine_settings
 from blendserve.config import RunConfig
+from blendserve.costmodel.profiles import save_profile
 
 GRIDS = ("default", "test")  # the full grid (~1 minute of vLLM-CPU) or a seconds-long one for tests
 
@@ -22,11 +25,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from blendserve.calibrate import DEFAULT_GRID, TEST_GRID, calibrate
-    from blendserve.costmodel.profiles import save_profile
-
     with tempfile.TemporaryDirectory() as scratch:  # the engine needs a RunConfig, which names a db; none is written
         config = RunConfig(run_id="calibrate", input="", db=f"{scratch}/calibrate.duckdb", **engine_settings(args))
         profile, fit = calibrate(config, DEFAULT_GRID if args.grid == "default" else TEST_GRID)

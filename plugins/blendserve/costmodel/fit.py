@@ -20,6 +20,8 @@ from blendserve.batch import RequestBatch
 from blendserve.costmodel.cost import CostModel
 from blendserve.costmodel.hardware import HardwareSpec
 from blendserve.costmodel.model_spec import ModelSpec
+from blendserve.scheduling.admission import StaticOrder
+from blendserve.sim import simulate
 
 GB = 1e9
 # starting points in fit units (s per token of compute, s per GB read, s per step): a CPU, a fast CPU, a GPU
@@ -59,9 +61,6 @@ def device(name: str, model: ModelSpec, x: np.ndarray, overlap: str, mem_bytes: 
 
 def simulated_seconds(runs: list[Measured], cost: CostModel, sim) -> np.ndarray:  # type: ignore[no-untyped-def]
     """Seconds of each batch through the simulator (``sim``: a SimConfig), admitted in batch order."""
-    from blendserve.scheduling.admission import StaticOrder
-    from blendserve.sim import simulate
-
     return np.array([simulate(r.batch, r.outputs, cost, StaticOrder(np.arange(len(r.batch))), sim).total_time
                      for r in runs])
 
@@ -70,7 +69,7 @@ def fit_hardware(runs: list[Measured], model: ModelSpec, sim, name: str,  # type
                  mem_bytes: float = 0.0) -> Fit:
     """The device whose simulated batch seconds best match ``runs`` (``sim``: the engine's SimConfig, whose
     token budget the device keeps: its steps were measured at that budget)."""
-    from scipy.optimize import least_squares
+    from scipy.optimize import least_squares  # heavy, and only calibration needs it
 
     measured = np.array([r.seconds for r in runs], dtype=np.float64)
     best: Fit | None = None

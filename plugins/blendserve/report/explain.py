@@ -192,7 +192,7 @@ def explain_run(config: RunConfig) -> Explanation:
     """
     inputs = load_inputs(config)
     batch = inputs.batch
-    estimates, positions = _stored_plan(config, batch)
+    estimates, positions = stored_plan(config, batch)
     tree = build_prefix_tree(batch, inputs.cost, estimates, inputs.keys)
     order = order_figures(tree, inputs.cost, _shard_leaves(tree, batch, positions, config.shards))
     sim = sim_config_for(config, inputs.kv_capacity)
@@ -248,7 +248,7 @@ def sim_config_for(config: RunConfig, kv_capacity: int) -> SimConfig:
     return SimConfig(**known)
 
 
-def _stored_plan(config: RunConfig, batch: RequestBatch) -> tuple[np.ndarray | None, dict[str, tuple[int, int]]]:
+def stored_plan(config: RunConfig, batch: RequestBatch) -> tuple[np.ndarray | None, dict[str, tuple[int, int]]]:
     """The plan table's per-request estimates (the warm-up's once loaded) in batch order, None without a
     plan; and the (shard, position) of every request with a position (the order that ran, once loaded)."""
     with database.connect(config.db, read_only=True) as con:

@@ -21,7 +21,7 @@ from blendserve.config import RunConfig
 from blendserve.costmodel.profiles import resolved_profile
 from blendserve.pipeline import database
 from blendserve.pipeline.plan import load_inputs
-from blendserve.report.explain import _stored_plan, sim_config_for
+from blendserve.report.explain import stored_plan, sim_config_for
 from blendserve.scheduling.admission import StaticOrder
 from blendserve.sim import simulate
 
@@ -41,7 +41,7 @@ def replay_seconds(config: RunConfig) -> list[float]:
     """Simulated seconds of each shard's admitted order with its true output lengths."""
     inputs = load_inputs(config)
     batch = inputs.batch
-    _, positions = _stored_plan(config, batch)
+    _, positions = stored_plan(config, batch)
     with database.connect(config.db, read_only=True) as con:
         lengths = dict(con.execute("SELECT request_id, num_output_tokens FROM outputs WHERE run_id = ?"
                                    " AND status = 'ok'", [config.run_id]).fetchall())
