@@ -18,6 +18,7 @@ from blendserve.sampling import (
     select_samples,
     split_warmup,
 )
+from blendserve.sampling.select import SHORT_CAP, eligible_leaves
 from blendserve.sampling.estimator import ANCESTOR, KNOWN, NO_SAMPLE, SAMPLED, SIBLING, SUBTREE
 
 COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
@@ -97,7 +98,7 @@ def test_selection_covers_big_subtrees_respects_rate_cap_and_seed() -> None:
     sampled = select_samples(batch, tree, rate=0.01, min_subtree=50, seed=7)
     assert len(np.unique(sampled)) == len(sampled)
     assert (batch.expected_output_tokens[sampled] == UNKNOWN).all()
-    eligible = batch.expected_output_tokens[tree.leaf_request] == UNKNOWN
+    eligible = eligible_leaves(batch, tree)
     assert len(sampled) >= np.ceil(0.01 * eligible.sum())
     leaf_hit = np.zeros(tree.n_leaves, dtype=bool)
     leaf_hit[tree.request_leaf[sampled]] = True
@@ -107,6 +108,17 @@ def test_selection_covers_big_subtrees_respects_rate_cap_and_seed() -> None:
     assert np.array_equal(sampled, select_samples(batch, tree, rate=0.01, min_subtree=50, seed=7))
     assert not np.array_equal(sampled, select_samples(batch, tree, rate=0.01, min_subtree=50, seed=8))
     assert len(select_samples(batch, tree, rate=0.5, cap=17, seed=7)) == 17
+
+
+def test_requests_capped_at_a_few_tokens_are_never_sampled() -> None:
+    """One-token answers under many few-shot prefixes: a sample would only run out of the plan's order."""
+    rng = np.random.default_rng(3)
+    prefixes = [rng.integers(5, 30_000, size=300).tolist() for _ in range(8)]
+    prompts = [prefixes[i % 8] + rng.integers(5, 30_000, size=20).tolist() for i in range(400)]
+    short = batch_from_prompts(prompts, max_tokens=SHORT_CAP)
+    assert len(select_samples(short, build_prefix_tree(short, COST), rate=0.05, min_subtree=10)) == 0
+    longer = batch_from_prompts(prompts, max_tokens=SHORT_CAP + 1)
+    assert len(select_samples(longer, build_prefix_tree(longer, COST), rate=0.05, min_subtree=10)) >= 20
 
 
 def test_sampled_requests_never_run_twice_duplicates_included() -> None:

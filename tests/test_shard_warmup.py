@@ -80,7 +80,7 @@ def test_each_shard_admits_its_sample_first_then_replans_the_rest(make_config, m
 
 
 def test_retried_shard_never_runs_a_sampled_request_twice(make_config):
-    config = make_config(engine="simulator", sample_rate=0.1, part_rows=1, fail_after_rows=4, run_id="warm-crash")
+    config = make_config(engine="simulator", sample_rate=0.1, part_rows=1, fail_after_rows=22, run_id="warm-crash")
     ingest_step(config)
     plan_step(config)
     with pytest.raises(InjectedFault):

@@ -18,12 +18,19 @@ from blendserve.sampling.strata import PER_STRATUM, covered_strata, strata
 
 DEFAULT_RATE = 0.01  # the paper's 1%: it reports this works as well as 100%
 DEFAULT_MIN_SUBTREE = 100  # a subtree this large (in eligible inferences) always gets a sample
+# A request capped at this many output tokens is not sampled: it ends before its first progress report
+# (at 16 tokens) could tell anything, its estimate is clipped to the cap anyway, and its output can move its
+# cost by at most that many decode steps. A sample of it would only run out of the plan's order: a job of
+# one-token answers under many few-shot prefixes lost 10 points of prefix hits to its warm-up that way.
+SHORT_CAP = 16
 DEFAULT_CAP = 5_000  # upper bound on sampled inferences, so a huge job's warm-up stays short
 
 
 def eligible_leaves(batch: RequestBatch, tree: PrefixTree) -> np.ndarray:
-    """(m,) bool: leaves worth sampling (their representative's output length is not known)."""
-    return batch.expected_output_tokens[tree.leaf_request] == UNKNOWN
+    """(m,) bool: leaves worth sampling: their representative's output length is not known, and its cap
+    leaves room for it to matter (``SHORT_CAP``)."""
+    request = tree.leaf_request
+    return (batch.expected_output_tokens[request] == UNKNOWN) & (batch.max_tokens[request] > SHORT_CAP)
 
 
 def select_samples(
