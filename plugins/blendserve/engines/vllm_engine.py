@@ -265,9 +265,11 @@ class VllmEngine:
 
     def close(self) -> None:
         # Shut the engine-core processes down now: at interpreter exit, multiprocessing
-        # joins them before vLLM's own teardown has asked them to stop.
+        # joins them before vLLM's own teardown has asked them to stop. At once (vLLM's abort mode, what
+        # `vllm run-batch` does): every result is in by now, and a graceful stop waits 5-10 s on a CPU
+        # for a worker that does not exit by itself.
         if self.llm is not None:
-            self.llm.llm_engine.engine_core.shutdown(timeout=10)
+            self.llm.llm_engine.engine_core.shutdown(timeout=0)
             self.llm = None
         self.watchdog.stop()
 

@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
@@ -40,6 +41,7 @@ from blendserve.scheduling.admission import Delegating, EngineState
 from blendserve.validation import check_outputs, check_requests, raise_on_failure
 
 log = logging.getLogger(__name__)
+CHILD_NICENESS = 10  # of the process that runs ingest, validation and the plan beside the engine's start
 ADMITTED_FILE = "admitted.parquet"  # per shard: the order its requests were admitted in (the order that ran)
 
 
@@ -306,11 +308,19 @@ def prepare_steps(config: RunConfig) -> list[int]:
 
 
 def _in_child_process(fn, *args):  # type: ignore[no-untyped-def]
-    """``fn(*args)`` in a fresh (spawned) process with this one's logging; its result or its error."""
+    """``fn(*args)`` in a fresh (spawned), lower-priority process with this one's logging; its result or
+    its error."""
     verbose = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=configure_logging, initargs=(verbose,)) as pool:
+                             initializer=_background_child, initargs=(verbose,)) as pool:
         return pool.submit(fn, *args).result()
+
+
+def _background_child(verbose: bool) -> None:
+    # The engine's start is the longer of the two and the run waits for it: on a few cores the steps
+    # beside it should only take what it leaves (they still end well before it does).
+    os.nice(CHILD_NICENESS)
+    configure_logging(verbose)
 
 
 def _run_steps(config: RunConfig, overlap: bool) -> dict:
