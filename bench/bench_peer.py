@@ -48,6 +48,8 @@ from pathlib import Path
 
 import peer_batches
 from bench_warmup import environment
+from blendserve.cli import build_parser
+from blendserve.commands.engine_options import engine_settings
 from blendserve.config import RunConfig
 from blendserve.costmodel.profiles import load_profile
 from blendserve.engines.vllm_engine import configure_cpu_env
@@ -170,10 +172,8 @@ def blendserve_command(batch: Path, db: Path, s: Settings) -> list[str]:
 def calibrated(s: Settings, log: Path) -> dict:
     """This machine's profile for ``s`` (``blendserve calibrate`` once, when there is none yet), so that
     ``--hardware auto`` costs blendserve's plans in this machine's seconds; how long calibrating took."""
-    config = RunConfig(run_id="bench-peer", input="-", db="-", max_model_len=s.max_model_len,
-                       max_num_seqs=s.max_num_seqs, kv_cache_gb=s.kv_gb,
-                       extra={"vllm": {"dtype": s.dtype, "max_num_batched_tokens": s.max_num_batched_tokens}})
-    existing = load_profile(config)
+    flags = build_parser().parse_args(["calibrate", *engine_flags(s)])  # the key a run with these flags looks up
+    existing = load_profile(RunConfig(run_id="bench-peer", input="-", db="-", **engine_settings(flags)))
     if existing is not None:
         return {"profile": existing.name, "calibrate_s": None, "fit_error": existing.fit_error}
     wall, stdout = timed([sys.executable, "-m", "blendserve", "calibrate", "--json", *engine_flags(s)], log)

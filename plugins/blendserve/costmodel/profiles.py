@@ -18,6 +18,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from blendserve import files
 from blendserve.costmodel.hardware import HARDWARE, HardwareSpec, get_hardware
 from blendserve.model_prep import REPO_ROOT
 
@@ -105,10 +106,8 @@ def profile_name(key: dict) -> str:
 def save_profile(profile: Profile) -> Path:
     folder = profiles_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{profile.name}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(profile), indent=2, sort_keys=True))
-    tmp.replace(path)  # whole or not at all: a run reading it never sees half a profile
+    path = folder / f"{profile.name}.json"  # whole or not at all: a run reading it never sees half a profile
+    files.atomic_write_bytes(json.dumps(asdict(profile), indent=2, sort_keys=True).encode(), path)
     return path
 
 

@@ -8,6 +8,8 @@ most the uncommitted batch.
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 
 from blendserve import files
@@ -16,6 +18,7 @@ from blendserve.files import StoragePath
 from blendserve.schema import RESULT_SCHEMA
 
 PART_GLOB = "part-*.parquet"
+STATS_FILE = "stats.json"  # per shard: what its last serving wrote (served, tokens, wall seconds, when)
 
 
 def committed_lengths(shard_dir: StoragePath) -> dict[str, int]:
@@ -58,3 +61,8 @@ class PartWriter:
         self.committed += len(self.buffer)
         self.next_part += 1
         self.buffer = []
+
+
+def shard_stats(parts_dir: StoragePath) -> list[dict]:
+    """Every shard's ``STATS_FILE`` under a run's parts folder."""
+    return [json.loads(p.read_text()) for p in files.list_parts(parts_dir, f"shard-*/{STATS_FILE}")]

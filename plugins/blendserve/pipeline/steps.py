@@ -172,7 +172,7 @@ def _serve(config: RunConfig, shard: int, work: ShardWork, done: dict[str, int],
                "started_at": started, "finished_at": finished,
                "prompt_tokens": stats.prompt_tokens, "cached_prompt_tokens": stats.cached_prompt_tokens,
                "output_tokens": stats.output_tokens}
-    files.atomic_write_bytes(json.dumps(summary).encode(), shard_dir / "stats.json")
+    files.atomic_write_bytes(json.dumps(summary).encode(), shard_dir / parts.STATS_FILE)
     _write_timeline(stats.timeline, shard, shard_dir / "timeline.parquet")
     return summary
 
@@ -221,7 +221,7 @@ def load_step(config: RunConfig) -> dict:
 
 
 def _run_metrics(config: RunConfig) -> dict[str, float]:
-    shards = [json.loads(p.read_text()) for p in files.list_parts(config.parts_dir, "shard-*/stats.json")]
+    shards = parts.shard_stats(config.parts_dir)
     wall = run_wall_seconds(shards, simulated=config.engine == "simulator")
     prompt = sum(s["prompt_tokens"] for s in shards)
     cached = sum(s["cached_prompt_tokens"] for s in shards)

@@ -12,16 +12,13 @@ measured ones (``replay_seconds``, ``replay_measured_seconds``, ``replay_error``
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
-from blendserve import files
 from blendserve.config import RunConfig
 from blendserve.costmodel.profiles import resolved_profile
-from blendserve.pipeline import database
+from blendserve.pipeline import database, parts
 from blendserve.pipeline.plan import load_inputs
-from blendserve.report.explain import stored_plan, sim_config_for
+from blendserve.report.explain import sim_config_for, stored_plan
 from blendserve.scheduling.admission import StaticOrder
 from blendserve.sim import simulate
 
@@ -62,8 +59,7 @@ def replay_seconds(config: RunConfig) -> list[float]:
 
 def measured_shard_seconds(config: RunConfig) -> float:
     """The shards' engine seconds added up (each shard's stats.json): one engine doing every shard's work."""
-    shards = [json.loads(p.read_text()) for p in files.list_parts(config.parts_dir, "shard-*/stats.json")]
-    return float(sum(s["wall_seconds"] for s in shards))
+    return float(sum(s["wall_seconds"] for s in parts.shard_stats(config.parts_dir)))
 
 
 def replay_metrics(config: RunConfig) -> dict[str, float]:
