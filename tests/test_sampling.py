@@ -85,6 +85,26 @@ def test_every_unsampled_request_has_an_estimate_with_spread() -> None:
     assert (est.std[estimated] > 0).any()
 
 
+def test_draws_resample_the_samples_behind_each_estimate() -> None:
+    from blendserve.sampling import draw_outputs
+
+    batch, _, sampled, observed, est = _hand_estimates()
+    draws = np.stack(draw_outputs(est, 200, seed=1))
+    assert draws.shape == (200, len(batch))
+    # A's unsampled request 3 draws from A's samples only (10, 20, 30), each of them at some point.
+    assert set(draws[:, 3].tolist()) == {10, 20, 30}
+    # B2 (estimated by its parent B) draws B's samples, 100 and 300: never their mean, 200.
+    assert set(draws[:, 8].tolist()) == {100, 300}
+    # C, estimated by its sibling A, draws A's samples.
+    assert set(draws[:, 12].tolist()) <= {10, 20, 30}
+    # Sampled and known lengths are not guesses; a draw stays within the request's max_tokens (5).
+    assert (draws[:, sampled] == observed).all() and (draws[:, 5] == 7).all()
+    assert set(draws[:, 4].tolist()) == {5}
+    # The same seed draws the same lengths; estimates of a subset draw from the same samples.
+    assert (np.stack(draw_outputs(est, 200, seed=1)) == draws).all()
+    assert set(np.concatenate(draw_outputs(est.take(np.array([8, 9])), 50)).tolist()) == {100, 300}
+
+
 def test_no_samples_falls_back_to_max_tokens() -> None:
     batch, tree = _hand_tree()
     est = estimate_outputs(batch, tree, np.zeros(0, np.int64), np.zeros(0))
@@ -266,7 +286,7 @@ def test_the_plan_does_not_wait_for_the_longest_sampled_answer() -> None:
     simulate(batch, truth, COST, controller, SimConfig(kv_capacity_tokens=200_000))
     # Fillers run only until the long samples pass LONG_AFTER tokens, not through their 6-10k tokens.
     assert controller.inner is not None and controller.unplanned < 0.5 * (len(batch) - len(sampled))
-    assert controller.estimates is not None and np.median(controller.estimates[rare]) > 1_000
+    assert controller.estimates is not None and np.median(controller.estimates.mean[rare]) > 1_000
 
 
 def test_online_replans_keep_every_request_once_and_stay_lists(monkeypatch) -> None:
@@ -278,7 +298,9 @@ def test_online_replans_keep_every_request_once_and_stay_lists(monkeypatch) -> N
     batch, truth, _ = _rare_long_family(n=1500, family=12)
     tree = build_prefix_tree(batch, COST)
     sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
-    controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=100_000)
+    # A list policy, so the first plan can be re-planned (a run-time controller's is not: is_list).
+    controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=100_000,
+                                          policy="blendserve[spread]")
     controller.check_every = 32
     admitted = record_admissions(controller)
     simulate(batch, truth, COST, controller, SimConfig(kv_capacity_tokens=100_000))

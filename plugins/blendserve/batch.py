@@ -18,6 +18,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 UNKNOWN = -1  # marks an unknown length in the int32 length arrays
+# The metadata keys whose value tags a request's task (the first one a request's metadata holds): with its
+# source file, a feature of the request known before it runs (``sampling.strata``).
+TAG_KEYS = ("task", "source")
+_TAG = r'"(?:' + "|".join(TAG_KEYS) + r')"\s*:\s*"(?P<tag>[^"]*)"'
 
 
 @dataclass
@@ -31,6 +35,9 @@ class RequestBatch:
     # (n,) int64 where prompt i starts in ``tokens`` when it is shared with the batch it was taken from;
     # None: contiguous, prompt i starts at token_offsets[i] (offsets then only give the lengths)
     token_starts: np.ndarray | None = None
+    # (n,) int64 the request's group as the user's data gives it: its source file and metadata task tag
+    # (TAG_KEYS); None: one group
+    group: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -61,6 +68,7 @@ class RequestBatch:
             expected_output_tokens=self.expected_output_tokens[indices],
             sim_output_tokens=self.sim_output_tokens[indices],
             token_starts=self.prompt_starts[indices],
+            group=None if self.group is None else self.group[indices],
         )
 
     @classmethod
@@ -79,6 +87,7 @@ class RequestBatch:
             max_tokens=_int_column(table, "max_tokens", 256),
             expected_output_tokens=_int_column(table, "expected_output_tokens", UNKNOWN),
             sim_output_tokens=_int_column(table, "sim_output_tokens", UNKNOWN),
+            group=request_groups(table),
         )
 
     @classmethod
@@ -86,11 +95,29 @@ class RequestBatch:
         present = set(pq.read_schema(path).names)
         if "num_prompt_tokens" in present:
             return read_batch(ds.dataset(str(path), format="parquet"))[0]
-        columns = ["request_id", "prompt_token_ids", "max_tokens", "expected_output_tokens", "sim_output_tokens"]
+        columns = ["request_id", "prompt_token_ids", "max_tokens", "expected_output_tokens", "sim_output_tokens",
+                   *GROUP_COLUMNS]
         return cls.from_table(pq.read_table(path, columns=[c for c in columns if c in present]))
 
 
-BATCH_COLUMNS = ["request_id", "num_prompt_tokens", "max_tokens", "expected_output_tokens", "sim_output_tokens"]
+GROUP_COLUMNS = ["source_file", "metadata_json"]
+BATCH_COLUMNS = ["request_id", "num_prompt_tokens", "max_tokens", "expected_output_tokens", "sim_output_tokens",
+                 *GROUP_COLUMNS]
+
+
+def request_groups(table: pa.Table) -> np.ndarray | None:
+    """(n,) group of each row: its source file and metadata task tag (``TAG_KEYS``) together; None when the
+    table has neither column."""
+    parts = []
+    if "source_file" in table.column_names:
+        parts.append(table.column("source_file").combine_chunks().cast(pa.string()).fill_null(""))
+    if "metadata_json" in table.column_names:
+        meta = table.column("metadata_json").combine_chunks().cast(pa.string()).fill_null("")
+        parts.append(pc.struct_field(pc.extract_regex(meta, _TAG), [0]).fill_null(""))
+    if not parts:
+        return None
+    key = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "\x00")
+    return pc.dictionary_encode(key).indices.to_numpy().astype(np.int64)
 
 
 def read_batch(dataset: ds.Dataset, columns: list[str] = (), request_ids: list[str] | None = None
@@ -119,6 +146,7 @@ def read_batch(dataset: ds.Dataset, columns: list[str] = (), request_ids: list[s
         max_tokens=_int_column(small, "max_tokens", 256),
         expected_output_tokens=_int_column(small, "expected_output_tokens", UNKNOWN),
         sim_output_tokens=_int_column(small, "sim_output_tokens", UNKNOWN),
+        group=request_groups(small),
     )
     return batch, small.select(list(columns))
 

@@ -21,10 +21,10 @@ from blendserve.engines.base import BatchRequests
 from blendserve.pipeline.plan import load_inputs, read_requests
 from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.prefix_tree import build_prefix_tree
-from blendserve.sampling import Estimates, estimate_outputs, estimate_table, shard_sample
+from blendserve.sampling import Estimates, estimate_table, estimates_from, shard_sample
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
-from blendserve.scheduling.warmup import WarmupController
+from blendserve.scheduling.warmup import WarmupController, rest_context
 
 
 def learns_lengths(config: RunConfig) -> bool:
@@ -94,30 +94,28 @@ class ShardScheduler:
         position = {i: b for b, i in enumerate(self.ids)}
         self.todo_index = np.array([position[i] for i in todo], dtype=np.int64)
         if not self.learns:
-            return self.plan(np.arange(len(todo)), default_output_estimates(self.inputs.batch)[self.todo_index])
+            rows = self.todo_index
+            return make_controller(self.config.policy, PolicyContext(
+                self.inputs.batch.take(rows), default_output_estimates(self.inputs.batch)[rows], self.inputs.cost,
+                self.inputs.kv_capacity))
         is_sample = np.isin(self.todo_index, self.sampled)
         caps = self.inputs.batch.max_tokens[self.todo_index]
         self.run = WarmupController(np.flatnonzero(is_sample), np.flatnonzero(~is_sample), self, caps)
         return self.run
 
-    def estimate(self, observed: dict[int, float]) -> np.ndarray:
-        """``RestPlanner``: (todo,) estimates by engine index, from this try's observations (engine index ->
-        tokens) and the sample lengths earlier tries committed."""
+    def estimate(self, observed: dict[int, float], running: dict[int, int]) -> Estimates:
+        """``RestPlanner``: estimates by engine index, from this try's observations (engine index -> tokens) and
+        the sample lengths earlier tries committed."""
         lengths: dict[int, float] = dict(self.lengths)
         lengths.update({int(self.todo_index[e]): n for e, n in observed.items()})
-        return self._estimates(lengths).mean[self.todo_index]
+        progress = {int(self.todo_index[e]): n for e, n in running.items()}
+        return estimates_from(self.inputs.batch, self.tree, lengths, progress).take(self.todo_index)
 
-    def plan(self, rest: np.ndarray, estimates: np.ndarray, lists_only: bool = False) -> AdmissionController:
+    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool = False) -> AdmissionController:
         """``RestPlanner``: the policy over ``rest`` (engine indices; the controller's are positions in it)."""
-        rows = self.todo_index[rest]
-        context = PolicyContext(self.inputs.batch.take(rows), estimates[rest], self.inputs.cost,
-                                self.inputs.kv_capacity, lists_only=lists_only)
+        context = rest_context(self.inputs.batch.take(self.todo_index[rest]), estimates.take(rest), self.inputs.cost,
+                               self.inputs.kv_capacity, lists_only=lists_only)
         return make_controller(self.config.policy, context)
-
-    def _estimates(self, lengths: dict[int, float]) -> Estimates:
-        sampled = np.array(sorted(lengths), dtype=np.int64)
-        observed = np.array([lengths[b] for b in sampled], dtype=np.float64)
-        return estimate_outputs(self.inputs.batch, self.tree, sampled, observed)
 
     def table(self) -> pa.Table | None:
         """The ``samples`` rows of this shard, with every sampled length observed so far (None: no warm-up)."""
@@ -127,4 +125,4 @@ class ShardScheduler:
         self.lengths.update({int(self.todo_index[e]): int(n) for e, n in observed.items()})
         actual = np.full(len(self.ids), -1, dtype=np.int64)
         actual[list(self.lengths)] = list(self.lengths.values())
-        return estimate_table(self.inputs.batch, self._estimates(self.lengths), actual)
+        return estimate_table(self.inputs.batch, estimates_from(self.inputs.batch, self.tree, self.lengths), actual)

@@ -21,6 +21,9 @@ API for the pipeline (each infer shard's first answers, ``pipeline.shard``):
     estimate came from. The plan should then leave the sampled requests out
     (``batch.take(unsampled)``) or skip them at run time: they already
     have results.
+``draw_outputs(estimates, draws, seed=0) -> list[np.ndarray]``
+    Output lengths resampled from the samples behind each estimate: what
+    the estimates leave uncertain, for a choice that must not bet on a mean.
 ``estimate_table(batch, estimates, actual) -> pyarrow.Table``
     One row per request (``ESTIMATE_SCHEMA``): estimate, high quantile,
     source, actual (null when no result): the ``samples`` table.
@@ -33,7 +36,7 @@ The warm-up inside one engine run (samples first, fillers beside them, then the 
 the learnt lengths) is ``blendserve.scheduling.warmup``.
 """
 
-from blendserve.sampling.estimator import KIND_NAMES, Estimates, estimate_outputs
+from blendserve.sampling.estimator import KIND_NAMES, Estimates, draw_outputs, estimate_outputs, estimates_from
 from blendserve.sampling.report import ESTIMATE_SCHEMA, ErrorRow, estimate_report, estimate_table, report_text
 from blendserve.sampling.select import WarmupSplit, eligible_leaves, select_samples, shard_sample, split_warmup
 
@@ -41,10 +44,12 @@ __all__ = [
     "ESTIMATE_SCHEMA",
     "ErrorRow",
     "Estimates",
+    "draw_outputs",
     "WarmupSplit",
     "KIND_NAMES",
     "eligible_leaves",
     "estimate_outputs",
+    "estimates_from",
     "estimate_report",
     "estimate_table",
     "report_text",

@@ -11,12 +11,15 @@ prompt length and cap buckets) with enough samples takes over where its
 samples vary less, relative to their mean, than the subtree's: a rare family
 of long answers hidden under a common prefix is told apart by its prompts.
 The mean feeds the planner's densities; a high quantile of the same samples
-is there for KV budgeting.
+is there for KV budgeting. ``draw_outputs`` resamples each request's length
+from the samples its estimate came from, so a choice made on estimates can
+be tried under what they leave uncertain (a subtree whose samples were
+12, 15 and 9,000 tokens is not three requests of 3,000).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,6 +42,47 @@ class Estimates:
     kind: np.ndarray  # (n,) int8 SAMPLED, KNOWN, SUBTREE, SIBLING, ANCESTOR or NO_SAMPLE
     quantile: float  # the quantile ``high`` holds
     min_samples: int  # samples a subtree needed to be used
+    # The samples behind the estimates, grouped by the subtree or stratum they estimate, each as the lengths
+    # it may have: one value when it finished; from its progress to its cap when it still runs.
+    pool_from: np.ndarray  # (m,) float64
+    pool_to: np.ndarray  # (m,) float64
+    pool_lo: np.ndarray  # (n,) int64 start in the pool of the samples behind each estimate
+    pool_hi: np.ndarray  # (n,) int64 its end (== pool_lo: nothing to resample, a known length)
+    cap: np.ndarray  # (n,) int64 each request's max_tokens: no draw goes past it
+
+    def take(self, rows: np.ndarray) -> Estimates:
+        """The estimates of ``rows``, in that order (the pool is shared)."""
+        return replace(self, mean=self.mean[rows], high=self.high[rows], std=self.std[rows],
+                       source_node=self.source_node[rows], kind=self.kind[rows], pool_lo=self.pool_lo[rows],
+                       pool_hi=self.pool_hi[rows], cap=self.cap[rows])
+
+
+def draw_outputs(estimates: Estimates, draws: int, seed: int = 0) -> list[np.ndarray]:
+    """``draws`` (n,) vectors of output lengths, each request's drawn from the samples its estimate came from;
+    a sample still running is drawn between its progress and its cap, log-uniformly (``censored_length``'s
+    prior). Known lengths stay as they are."""
+    rng = np.random.default_rng(seed)
+    span = estimates.pool_hi - estimates.pool_lo
+    resampled = np.flatnonzero(span > 0)
+    vectors = []
+    for _ in range(draws):
+        pick = estimates.pool_lo[resampled] + np.floor(rng.random(len(resampled)) * span[resampled]).astype(np.int64)
+        low = np.log(np.maximum(estimates.pool_from[pick], 1.0))
+        high = np.log(np.maximum(estimates.pool_to[pick], 1.0))
+        drawn = estimates.mean.astype(np.float64)
+        drawn[resampled] = np.exp(low + rng.random(len(resampled)) * (high - low))
+        vectors.append(np.clip(np.rint(drawn).astype(np.int64), 1, estimates.cap))
+    return vectors
+
+
+def estimates_from(batch: RequestBatch, tree: PrefixTree, observed: dict[int, float],
+                   running: dict[int, int] | None = None) -> Estimates:
+    """``estimate_outputs`` from observation dicts as controllers keep them: request index -> output tokens
+    (expected ones for samples still running), and the tokens so far of those still running."""
+    index = np.fromiter(observed, np.int64, len(observed))
+    lengths = np.fromiter(observed.values(), np.float64, len(observed))
+    progress = np.array([(running or {}).get(int(i), 0) for i in index], dtype=np.float64)
+    return estimate_outputs(batch, tree, index, lengths, running=progress)
 
 
 def estimate_outputs(
@@ -48,14 +92,16 @@ def estimate_outputs(
     observed_lengths: np.ndarray,
     min_samples: int = 3,
     quantile: float = 0.9,
-    groups: np.ndarray | None = None,
+    running: np.ndarray | None = None,
 ) -> Estimates:
     """Estimates for every request of ``batch`` from the observed lengths of ``sampled_idx``.
 
     A sampled request (and its duplicates, answered by the same inference)
     gets its observed length; a known length in the data wins over
     everything; the rest get their nearest well-sampled subtree's mean, or
-    ``max_tokens`` when nothing was sampled at all.
+    ``max_tokens`` when nothing was sampled at all. ``running`` (aligned with
+    ``sampled_idx``, 0 for finished ones) is the progress of samples still
+    running, whose observed length is an expected one; it widens their draws.
     """
     sampled_idx = np.asarray(sampled_idx, dtype=np.int64)
     observed = np.asarray(observed_lengths, dtype=np.float64)
@@ -72,13 +118,21 @@ def estimate_outputs(
     fallback = default_output_estimates(batch).astype(np.float64)
     none = req_source < 0
     mean[none], high[none], std[none], req_kind[none] = fallback[none], fallback[none], 0.0, NO_SAMPLE
-    _overlay_strata(strata(batch, groups), sampled_idx, observed, max(min_samples, 1), quantile,
-                    mean, high, std, req_kind, req_source)
+    stratum = strata(batch)
+    mixed = _mixed_sources(tree, sample_leaf, batch.group, sampled_idx[order], req_source)
+    _overlay_strata(stratum, sampled_idx, observed, max(min_samples, 1), quantile,
+                    mean, high, std, req_kind, req_source, mixed)
     _overlay_observed(tree, sample_leaf, sample_len, mean, high, std, req_kind, req_source)
     known = batch.expected_output_tokens != UNKNOWN
     mean[known] = high[known] = batch.expected_output_tokens[known]
     std[known], req_kind[known], req_source[known] = 0.0, KNOWN, -1
     cap = np.maximum(batch.max_tokens.astype(np.int64), 1)
+    progress = np.zeros(len(sampled_idx)) if running is None else np.asarray(running, dtype=np.float64)
+    low = np.where(progress > 0, progress, observed)
+    top = np.where(progress > 0, np.maximum(cap[sampled_idx], progress), observed)
+    pool_from, pool_to, pool_lo, pool_hi = _draw_ranges(tree, sample_leaf, (low[order], top[order]),
+                                                        stratum[sampled_idx], (low, top), stratum, req_kind,
+                                                        req_source)
     return Estimates(
         mean=np.clip(np.rint(mean).astype(np.int64), 1, cap),
         high=np.clip(np.ceil(high).astype(np.int64), 1, cap),
@@ -87,7 +141,36 @@ def estimate_outputs(
         kind=req_kind.astype(np.int8),
         quantile=float(quantile),
         min_samples=int(min_samples),
+        pool_from=pool_from,
+        pool_to=pool_to,
+        pool_lo=pool_lo,
+        pool_hi=pool_hi,
+        cap=cap,
     )
+
+
+def _draw_ranges(tree: PrefixTree, sample_leaf: np.ndarray, by_leaf: tuple[np.ndarray, np.ndarray],
+                 sample_stratum: np.ndarray, unsorted: tuple[np.ndarray, np.ndarray], stratum: np.ndarray,
+                 kind: np.ndarray, source: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The pool of samples (each as its from and to lengths) and each request's range in it: its own sample,
+    its source subtree's samples (contiguous, since they are sorted by leaf), or its stratum's (appended,
+    sorted by stratum); empty for known lengths and requests nothing was sampled for."""
+    by_stratum = np.argsort(sample_stratum, kind="stable")
+    pool_from = np.concatenate([by_leaf[0], unsorted[0][by_stratum]])
+    pool_to = np.concatenate([by_leaf[1], unsorted[1][by_stratum]])
+    lo, hi = np.zeros(len(kind), dtype=np.int64), np.zeros(len(kind), dtype=np.int64)
+    subtree = np.isin(kind, (SUBTREE, SIBLING, ANCESTOR)) & (source >= 0)
+    node = source[subtree]
+    lo[subtree] = np.searchsorted(sample_leaf, tree.lo[node])
+    hi[subtree] = np.searchsorted(sample_leaf, tree.hi[node])
+    at = kind == STRATUM
+    ordered = sample_stratum[by_stratum]
+    lo[at] = len(sample_leaf) + np.searchsorted(ordered, stratum[at], side="left")
+    hi[at] = len(sample_leaf) + np.searchsorted(ordered, stratum[at], side="right")
+    own = kind == SAMPLED
+    lo[own] = np.searchsorted(sample_leaf, tree.request_leaf[own])
+    hi[own] = lo[own] + 1
+    return pool_from, pool_to, lo, hi
 
 
 def _resolve_sources(tree: PrefixTree, count: np.ndarray, min_samples: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,11 +232,31 @@ def _source_stats(
     return mean, high, std
 
 
+def _mixed_sources(tree: PrefixTree, sample_leaf: np.ndarray, group: np.ndarray | None, sample_rows: np.ndarray,
+                   req_source: np.ndarray) -> np.ndarray:
+    """(n,) bool: the samples of the subtree that estimated a request include some of another group than its
+    own (``RequestBatch.group``), so the prefix the two share says less than the group they do not."""
+    mixed = np.zeros(len(req_source), dtype=bool)
+    if group is None or not len(sample_rows):
+        return mixed
+    sample_group = group[sample_rows]  # sorted by leaf, like sample_leaf
+    used, inverse = np.unique(req_source, return_inverse=True)
+    for j, node in enumerate(used):
+        if node < 0:
+            continue
+        a, b = np.searchsorted(sample_leaf, [tree.lo[node], tree.hi[node]])
+        values = np.unique(sample_group[a:b])
+        at = inverse == j
+        mixed[at] = (len(values) > 1) | (group[at] != values[0])
+    return mixed
+
+
 def _overlay_strata(stratum: np.ndarray, sampled_idx: np.ndarray, observed: np.ndarray, min_samples: int,
                     quantile: float, mean: np.ndarray, high: np.ndarray, std: np.ndarray, kind: np.ndarray,
-                    source: np.ndarray) -> None:
+                    source: np.ndarray, mixed: np.ndarray) -> None:
     """A request takes its stratum's samples where the stratum has ``min_samples`` and they vary less (standard
-    deviation over mean) than those of the subtree that estimated it, or no subtree did."""
+    deviation over mean) than those of the subtree that estimated it, or no subtree did, or that subtree's
+    samples came from other groups too (``mixed``)."""
     if not len(sampled_idx):
         return
     of_sample = stratum[sampled_idx]
@@ -164,7 +267,7 @@ def _overlay_strata(stratum: np.ndarray, sampled_idx: np.ndarray, observed: np.n
         s_mean = total / count
         s_std = np.sqrt(np.maximum(squares / count - s_mean**2, 0.0))
         better = (count[stratum] >= min_samples) & (
-            (kind == NO_SAMPLE) | (s_std[stratum] / s_mean[stratum] < std / np.maximum(mean, 1e-9)))
+            (kind == NO_SAMPLE) | mixed | (s_std[stratum] / s_mean[stratum] < std / np.maximum(mean, 1e-9)))
     for s in np.unique(stratum[better]).tolist():
         at = better & (stratum == s)
         values = observed[of_sample == s]

@@ -40,15 +40,14 @@ def select_samples(
     min_subtree: int = DEFAULT_MIN_SUBTREE,
     cap: int = DEFAULT_CAP,
     seed: int = 0,
-    groups: np.ndarray | None = None,
 ) -> np.ndarray:
     """Batch indices (sorted) of the requests to run first.
 
     ``rate`` of the eligible inferences are drawn uniformly at random, plus
     one from every internal subtree with at least ``min_subtree`` eligible
     inferences, plus ``PER_STRATUM`` from every prompt-side stratum that could
-    hold a material share of the job's work (``strata.covered_strata``;
-    ``groups`` adds a user's grouping to the strata); ``cap`` bounds the
+    hold a material share of the job's work (``strata.covered_strata``,
+    the user's groups among their features); ``cap`` bounds the
     total, keeping the coverage picks of the largest subtrees first, then the
     strata's, because an unsampled large subtree or family is where an
     estimate goes most wrong.
@@ -62,7 +61,7 @@ def select_samples(
     priority = np.random.default_rng(seed).random(tree.n_leaves)
     priority[~eligible] = np.inf  # never picked
     coverage, coverage_size = _coverage_picks(tree, eligible, priority, min_subtree)
-    stratum = strata(batch, groups)
+    stratum = strata(batch)
     by_stratum = _stratum_picks(stratum[tree.leaf_request], covered_strata(batch, stratum), priority)
     uniform = np.argsort(priority, kind="stable")[: int(np.ceil(rate * n_eligible))]
     # Coverage picks first (largest subtree first), then the strata's, then the uniform draw in priority order.

@@ -2,8 +2,8 @@
 
 The prefix tree groups requests by the prompt text they share; strata group
 them by what else is known of a request before it runs: its prompt length
-and its output cap (a user's group, such as the source file or a metadata
-task tag, may be added). A 12-token prompt under a 32k cap is not the same
+and its output cap, and the group the user's data puts it in (its source file and metadata
+task tag, ``RequestBatch.group``). A 12-token prompt under a 32k cap is not the same
 kind of work as a 600-token question, whatever prefix the two share, and a
 family of a hundred long answers in a job of 20,000 short ones can hold most
 of its work. The warm-up sample covers every stratum that *could* hold a
@@ -24,13 +24,14 @@ POTENTIAL_SHARE = 0.01
 PER_STRATUM = 3  # samples a covered stratum gets: the estimator's min_samples, so they are used
 
 
-def strata(batch: RequestBatch, groups: np.ndarray | None = None) -> np.ndarray:
-    """(n,) stratum of each request: power-of-two bucket of its prompt length x of its max_tokens (x group)."""
+def strata(batch: RequestBatch) -> np.ndarray:
+    """(n,) stratum of each request: power-of-two bucket of its prompt length x of its max_tokens x its group
+    (``RequestBatch.group``: source file and task tag)."""
     prompt = np.floor(np.log2(np.maximum(batch.prompt_lens, 1))).astype(np.int64)
     cap = np.floor(np.log2(np.maximum(batch.max_tokens.astype(np.int64), 1))).astype(np.int64)
     key = prompt * 64 + cap
-    if groups is not None:
-        key = key + np.asarray(groups, dtype=np.int64) * 4096
+    if batch.group is not None:
+        key = key + batch.group.astype(np.int64) * 4096
     return np.unique(key, return_inverse=True)[1].astype(np.int64)
 
 

@@ -18,7 +18,7 @@ One candidate alone is a policy of its own for benchmarks: ``blendserve[spread]`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -48,14 +48,17 @@ SAMPLE_SIZE = 400_000
 @dataclass
 class Choice:
     name: str  # the candidate predicted fastest
-    predicted_s: dict[str, float]  # simulated seconds of every candidate on the estimates (subsample's)
+    predicted_s: dict[str, float]  # simulated seconds of every candidate, mean over the scenarios (subsample's)
     sample: int  # requests simulated per candidate
-    steps: dict[str, int]  # engine steps of every candidate's simulation
+    steps: dict[str, int]  # engine steps of every candidate's simulation (mean over the scenarios)
+    worst_s: dict[str, float] = field(default_factory=dict)  # the slowest scenario of every candidate
+    scenarios: int = 1  # length vectors each candidate was simulated on: the means, or the estimates' draws
 
     def merged(self, other: Choice) -> Choice:
         """Both rounds' candidates, the fastest of all chosen (this round's on ties)."""
         predicted = {**self.predicted_s, **other.predicted_s}
-        return Choice(min(predicted, key=predicted.get), predicted, self.sample, {**self.steps, **other.steps})
+        return Choice(min(predicted, key=predicted.get), predicted, self.sample, {**self.steps, **other.steps},
+                      {**self.worst_s, **other.worst_s}, self.scenarios)
 
 
 def subsample(batch: RequestBatch, items: ScanItems, estimates: np.ndarray, size: int, seed: int = 0,
@@ -83,24 +86,35 @@ def subsample(batch: RequestBatch, items: ScanItems, estimates: np.ndarray, size
 class Predictor:
     """One job's (or its subsample's) simulations on the estimated lengths, candidate by candidate.
 
-    The subsample is drawn once, so candidates chosen in several rounds
+    With ``draws`` (``PolicyContext.output_draws``) each candidate is
+    simulated on every draw instead of the means and scored by its mean time:
+    means make every request of a subtree alike, which flatters an order that
+    blends them, while a draw keeps the long and the short answers the samples
+    saw. The subsample is drawn once, so candidates chosen in several rounds
     (``Choice.merged``) are simulated on the same requests.
     """
 
     def __init__(self, batch: RequestBatch, items: ScanItems, estimates: np.ndarray, cost_model: CostModel,
-                 kv_capacity_tokens: int, sample_size: int = SAMPLE_SIZE, seed: int = 0) -> None:
-        self.batch, self.items, sub_est, self.kept = subsample(batch, items, estimates, sample_size, seed)
-        self.lengths = np.maximum(np.asarray(sub_est, dtype=np.int64), 1)  # what the simulated engine generates
+                 kv_capacity_tokens: int, sample_size: int = SAMPLE_SIZE, seed: int = 0,
+                 draws: tuple[np.ndarray, ...] = ()) -> None:
+        scenarios = np.stack([np.asarray(v, dtype=np.int64) for v in (draws or (estimates,))], axis=1)
+        self.batch, self.items, sub, self.kept = subsample(batch, items, scenarios, sample_size, seed)
+        self.lengths = np.maximum(sub, 1)  # (sample, scenarios): what the simulated engine generates
         self.cost_model = cost_model
         self.config = SimConfig(kv_capacity_tokens=kv_capacity_tokens)
 
     def choose(self, candidates: dict[str, Candidate]) -> Choice:
-        """The candidate whose simulated time is shortest (the first one on ties)."""
-        runs = {name: simulate(self.batch, self.lengths, self.cost_model, make(self.items, self.kept), self.config)
-                for name, make in candidates.items()}
-        predicted = {name: run.total_time for name, run in runs.items()}
-        return Choice(min(predicted, key=predicted.get), predicted, len(self.batch),
-                      {name: run.steps for name, run in runs.items()})
+        """The candidate whose mean simulated time over the scenarios is shortest (the first one on ties)."""
+        times: dict[str, list[float]] = {}
+        steps: dict[str, int] = {}
+        for name, make in candidates.items():
+            runs = [simulate(self.batch, self.lengths[:, j], self.cost_model, make(self.items, self.kept), self.config)
+                    for j in range(self.lengths.shape[1])]
+            times[name] = [run.total_time for run in runs]
+            steps[name] = int(np.mean([run.steps for run in runs]))
+        predicted = {name: float(np.mean(t)) for name, t in times.items()}
+        return Choice(min(predicted, key=predicted.get), predicted, len(self.batch), steps,
+                      {name: max(t) for name, t in times.items()}, self.lengths.shape[1])
 
 
 class ChosenAdmission(Delegating):
@@ -177,7 +191,7 @@ def blendserve(context: PolicyContext) -> AdmissionController:
     cuts = blend_cuts(context, tree, items)
     candidates = first_candidates(context, items, cuts)
     predictor = Predictor(context.batch, items, context.output_estimates, context.cost_model,
-                          context.kv_capacity_tokens, seed=context.seed)
+                          context.kv_capacity_tokens, seed=context.seed, draws=context.output_draws)
     choice = predictor.choose(candidates)
     run_steps = choice.steps[SPREAD] * len(items.requests) / max(choice.sample, 1)
     deadline = deadline_candidates(items, cuts, run_steps)

@@ -27,6 +27,9 @@ class PolicyContext:
     kv_capacity_tokens: int  # the engine's KV memory M, in tokens
     seed: int = 0
     lists_only: bool = False  # work already in flight that a run-time controller would not see: lists only
+    # Resampled output lengths (each (n,), ``sampling.estimator.draw_outputs``) that say how uncertain the
+    # estimates are; empty when they are all there is (known lengths, or no warm-up).
+    output_draws: tuple[np.ndarray, ...] = ()
 
 
 @dataclass(frozen=True)

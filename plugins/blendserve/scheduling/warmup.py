@@ -28,7 +28,7 @@ import numpy as np
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.planner.prefix_tree import PrefixTree
-from blendserve.sampling.estimator import estimate_outputs
+from blendserve.sampling.estimator import Estimates, draw_outputs, estimates_from
 from blendserve.sampling.strata import censored_length
 from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
 from blendserve.scheduling.registry import PolicyContext, make_controller
@@ -40,15 +40,29 @@ REPLAN_MOVE = 0.25  # relative change of the rest's estimated output that plans 
 MAX_REPLANS = 0
 
 
+# Draws of the unknown lengths (``estimator.draw_outputs``) a plan is tried under besides the estimates'
+# means: ``PolicyContext.output_draws``.
+DRAWS = 3
+
+
 class RestPlanner(Protocol):
-    def estimate(self, observed: dict[int, float]) -> np.ndarray:
-        """(n,) estimated output tokens of every request, from the lengths observed so far (index -> tokens)."""
+    def estimate(self, observed: dict[int, float], running: dict[int, int]) -> Estimates:
+        """Estimates for every request, from the lengths observed so far (index -> tokens; expected ones for
+        requests still running, whose tokens so far are in ``running``)."""
         ...
 
-    def plan(self, rest: np.ndarray, estimates: np.ndarray, lists_only: bool) -> AdmissionController:
+    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool) -> AdmissionController:
         """The policy over ``rest`` (request indices) on ``estimates``; its indices are positions in ``rest``.
         ``lists_only``: the policy must admit a fixed list (``PolicyContext.lists_only``)."""
         ...
+
+
+def rest_context(batch: RequestBatch, estimates: Estimates, cost_model: CostModel, kv_capacity_tokens: int,
+                 seed: int = 0, lists_only: bool = False) -> PolicyContext:
+    """The policy's view of the requests left to plan (``estimates`` row by row with ``batch``): the means, and
+    ``DRAWS`` resamples of the lengths they leave uncertain."""
+    return PolicyContext(batch, estimates.mean, cost_model, kv_capacity_tokens, seed, lists_only,
+                         output_draws=tuple(draw_outputs(estimates, DRAWS, seed)))
 
 
 class WarmupController:
@@ -70,7 +84,7 @@ class WarmupController:
         self.inner: AdmissionController | None = None  # the plan's controller, once the sample allows one
         self._rest = np.zeros(0, dtype=np.int64)  # request index of each inner position
         self._inner_of: dict[int, int] = {}  # request index -> inner position, for reports back
-        self.estimates: np.ndarray | None = None  # what the current plan was made on
+        self.estimates: Estimates | None = None  # what the current plan was made on
         n = len(self.sampled) + len(self.fillers)
         self.check_every = check_every or max(64, n // 100)  # finishes between two looks at the estimates
         self._since_check = 0
@@ -81,7 +95,7 @@ class WarmupController:
             self._next_sample += 1
             return self._admitted(int(self.sampled[self._next_sample - 1]))
         if self.inner is None and self._sample_known():
-            self._make_plan(self.planner.estimate(self._evidence()))
+            self._make_plan(self._estimate())
         if self.inner is None:
             if self._next_filler >= len(self.fillers):
                 return None
@@ -99,6 +113,10 @@ class WarmupController:
         long_after = max(LONG_AFTER, LONG_FACTOR * self._longest_sample)
         return all(self.running.get(i, 0) >= long_after for i in self._pending)
 
+    def _estimate(self) -> Estimates:
+        evidence = self._evidence()
+        return self.planner.estimate(evidence, {i: self.running[i] for i in evidence if i in self.running})
+
     def _evidence(self) -> dict[int, float]:
         """What the estimates are made from: the sample's lengths, finished or, for samples past
         ``LONG_AFTER`` tokens, expected given their progress; and any request running ``LONG_FACTOR`` times
@@ -110,7 +128,7 @@ class WarmupController:
         """
         evidence: dict[int, float] = {i: float(n) for i, n in self.sample_lengths().items()}
         for index, done in self.running.items():
-            believed = 0 if self.estimates is None or index in self._is_sample else self.estimates[index]
+            believed = 0 if self.estimates is None or index in self._is_sample else self.estimates.mean[index]
             if done >= max(LONG_FACTOR * believed, LONG_AFTER):
                 evidence[index] = float(censored_length(done, self.caps[index]))
         return evidence
@@ -122,7 +140,7 @@ class WarmupController:
         return np.array([i for i in self._rest.tolist() if i not in self.running and i not in self.observed],
                         dtype=np.int64)
 
-    def _make_plan(self, estimates: np.ndarray, lists_only: bool = False) -> None:
+    def _make_plan(self, estimates: Estimates, lists_only: bool = False) -> None:
         self._rest = self._unadmitted()
         self.estimates = estimates
         # Everything may have run already (a 100% sample, or fillers took the rest): nothing to plan.
@@ -140,9 +158,9 @@ class WarmupController:
         rest = self._unadmitted()
         if len(rest) == 0:
             return
-        fresh = self.planner.estimate(self._evidence())
-        before = float(np.sum(self.estimates[rest]))
-        if abs(float(np.sum(fresh[rest])) - before) >= REPLAN_MOVE * max(before, 1.0):
+        fresh = self._estimate()
+        before = float(np.sum(self.estimates.mean[rest]))
+        if abs(float(np.sum(fresh.mean[rest])) - before) >= REPLAN_MOVE * max(before, 1.0):
             self.replans += 1
             self._make_plan(fresh, lists_only=True)  # a list now: the old one's work is in flight, unbooked
 
@@ -193,15 +211,12 @@ class BatchPlanner:
         self.batch, self.tree, self.cost_model = batch, tree, cost_model
         self.kv_capacity_tokens, self.policy, self.seed = kv_capacity_tokens, policy, seed
 
-    def estimate(self, observed: dict[int, float]) -> np.ndarray:
-        index = np.fromiter(observed, np.int64, len(observed))
-        lengths = np.fromiter(observed.values(), np.float64, len(observed))
-        return estimate_outputs(self.batch, self.tree, index, lengths).mean
+    def estimate(self, observed: dict[int, float], running: dict[int, int]) -> Estimates:
+        return estimates_from(self.batch, self.tree, observed, running)
 
-    def plan(self, rest: np.ndarray, estimates: np.ndarray, lists_only: bool) -> AdmissionController:
-        context = PolicyContext(self.batch.take(rest), estimates[rest], self.cost_model, self.kv_capacity_tokens,
-                                self.seed, lists_only)
-        return make_controller(self.policy, context)
+    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool) -> AdmissionController:
+        return make_controller(self.policy, rest_context(self.batch.take(rest), estimates.take(rest), self.cost_model,
+                                                         self.kv_capacity_tokens, self.seed, lists_only))
 
 
 def warmup_controller(
