@@ -105,6 +105,22 @@ def test_draws_resample_the_samples_behind_each_estimate() -> None:
     assert set(np.concatenate(draw_outputs(est.take(np.array([8, 9])), 50)).tolist()) == {100, 300}
 
 
+def test_a_running_sample_is_drawn_between_its_progress_and_its_cap() -> None:
+    from blendserve.sampling import draw_outputs
+
+    batch, tree, sampled, observed, _ = _hand_estimates()
+    # B1's sample (request 6) still runs at 50 tokens; 400 is what it is expected to reach (cap 1000).
+    running = np.where(sampled == 6, 50, 0)
+    est = estimate_outputs(batch, tree, sampled, np.where(sampled == 6, 400, observed), min_samples=2,
+                           running=running)
+    assert est.mean[6] == 400
+    draws = np.stack(draw_outputs(est, 300, seed=2))
+    assert draws[:, 6].min() >= 50 and draws[:, 6].max() <= 1000 and len(np.unique(draws[:, 6])) > 100
+    # B2, estimated by B (samples 6 and 10), draws either B3's 300 or a length B1's sample may still reach.
+    other = draws[:, 8][draws[:, 8] != 300]
+    assert len(other) > 50 and other.min() >= 50 and other.max() <= 1000
+
+
 def test_no_samples_falls_back_to_max_tokens() -> None:
     batch, tree = _hand_tree()
     est = estimate_outputs(batch, tree, np.zeros(0, np.int64), np.zeros(0))
@@ -264,6 +280,56 @@ def test_a_rare_family_that_could_hold_most_of_the_work_is_sampled_and_estimated
     assert np.median(est.mean[unsampled]) > 0.5 * np.median(truth[rare])  # not the short answers' mean
     short = np.setdiff1d(np.arange(len(batch)), np.concatenate([rare, sampled]))
     assert np.median(est.mean[short]) < 100
+
+
+def _shared_prompt_family(n: int = 3000, family: int = 30, seed: int = 4):  # type: ignore[no-untyped-def]
+    """Every request under one 50-token system prompt, with 20-40 more tokens: the long answers (``family`` of
+    them, 6-10k tokens) look like the short ones in prompt and cap; only their group (source file or task
+    tag) differs."""
+    rng = np.random.default_rng(seed)
+    system = list(rng.integers(100, 30_000, size=50))
+    prompts = [system + list(rng.integers(100, 30_000, size=int(rng.integers(20, 40)))) for _ in range(n)]
+    batch = batch_from_prompts(prompts, max_tokens=16_384)
+    truth = np.concatenate([rng.integers(2, 40, size=n - family), rng.integers(6_000, 10_000, size=family)])
+    batch.sim_output_tokens = truth.astype(np.int32)
+    batch.group = np.where(np.arange(n) >= n - family, 1, 0)
+    return batch, truth, np.arange(n - family, n)
+
+
+def test_a_family_under_the_prompt_all_share_is_told_apart_by_its_group() -> None:
+    batch, truth, family = _shared_prompt_family()
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.01, min_subtree=100, seed=0)
+    assert np.isin(family, sampled).sum() >= 3  # the group's stratum is covered
+    unsampled = family[~np.isin(family, sampled)]
+    short = np.setdiff1d(np.arange(len(batch)), np.concatenate([family, sampled]))
+    est = estimate_outputs(batch, tree, sampled, truth[sampled])
+    assert np.median(est.mean[unsampled]) > 0.5 * np.median(truth[family])
+    assert np.median(est.mean[short]) < 100
+    # Without the group the same samples cannot tell the family from the rest: they share prompt and cap.
+    batch.group = None
+    blind = estimate_outputs(batch, tree, sampled, truth[sampled])
+    assert np.median(blind.mean[unsampled]) < 0.2 * np.median(truth[family])
+
+
+def test_a_batch_read_from_a_table_knows_each_requests_group() -> None:
+    import pyarrow as pa
+
+    from blendserve.batch import RequestBatch
+
+    table = pa.table({
+        "request_id": ["a", "b", "c", "d", "e"],
+        "prompt_token_ids": [[1], [2], [3], [4], [5]],
+        "source_file": ["x.jsonl", "x.jsonl", "y.jsonl", "x.jsonl", "x.jsonl"],
+        "metadata_json": ['{"task": "label"}', '{"source": "video", "frames": 3}', '{"task": "label"}',
+                          '{"note": "n", "task": "label"}', None],
+    })
+    batch = RequestBatch.from_table(table)
+    group = batch.group
+    assert group is not None and group[0] == group[3]  # same file, same tag wherever it sits in the JSON
+    assert len({group[0], group[1], group[2], group[4]}) == 4  # another tag, another file, no tag
+    assert batch.take(np.array([3, 1])).group.tolist() == [group[3], group[1]]
+    assert RequestBatch.from_table(table.select(["request_id", "prompt_token_ids"])).group is None
 
 
 def test_censored_length_is_the_log_uniform_mean_above_the_progress_and_within_the_cap() -> None:

@@ -147,6 +147,23 @@ def test_choose_keeps_the_candidate_simulated_fastest() -> None:
     assert choice.predicted_s["batched"] == pytest.approx(direct.total_time)
 
 
+def test_with_draws_each_candidate_is_scored_by_its_mean_over_them() -> None:
+    from blendserve.sim.simulator import SimConfig, simulate
+
+    batch, estimates, _, items = _job(400, 7)
+    rng = np.random.default_rng(3)
+    draws = tuple(rng.integers(1, 2 * int(estimates.max()) + 2, size=len(batch)) for _ in range(2))
+    candidates = {"input": lambda sub, kept: StaticOrder(np.sort(sub.requests)),
+                  "items": lambda sub, kept: StaticOrder(sub.requests)}
+    choice = Predictor(batch, items, estimates, COST, 200_000, draws=draws).choose(candidates)
+    config = SimConfig(kv_capacity_tokens=200_000)
+    runs = [simulate(batch, d, COST, StaticOrder(items.requests), config).total_time for d in draws]
+    assert choice.scenarios == 2 and runs[0] != runs[1]
+    assert choice.predicted_s["items"] == pytest.approx(np.mean(runs))
+    assert choice.worst_s["items"] == pytest.approx(max(runs))
+    assert choice.name == min(choice.predicted_s, key=choice.predicted_s.get)
+
+
 def test_blendserve_choice_never_reads_true_lengths() -> None:
     batch, estimates, _, _ = _job(600, 8)
     context = PolicyContext(batch, estimates, COST, 60_000, seed=0)

@@ -31,12 +31,15 @@ request, so they are not used here, to keep the bound strict.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from blendserve.batch import RequestBatch
 from blendserve.costmodel.cost import CostModel, combine
 from blendserve.planner.lcp import sort_prompts  # the planner's exact LCP sort
+
+if TYPE_CHECKING:  # only a hint here: the DAG files' parse imports this package, and batch imports pyarrow
+    from blendserve.batch import RequestBatch
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from blendserve import files
 from blendserve.costmodel.hardware import HARDWARE, HardwareSpec, get_hardware
 from blendserve.model_prep import REPO_ROOT
 
@@ -104,6 +103,8 @@ def profile_name(key: dict) -> str:
 
 
 def save_profile(profile: Profile) -> Path:
+    from blendserve import files  # here, not at the top: files imports pyarrow, and the DAG file parses CHOICES
+
     folder = profiles_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{profile.name}.json"  # whole or not at all: a run reading it never sees half a profile
