@@ -140,9 +140,12 @@ class WarmupController:
         return np.array([i for i in self._rest.tolist() if i not in self.running and i not in self.observed],
                         dtype=np.int64)
 
-    def _make_plan(self, estimates: Estimates, lists_only: bool = False) -> None:
+    def _make_plan(self, estimates: Estimates) -> None:
         self._rest = self._unadmitted()
         self.estimates = estimates
+        # With samples and fillers in flight, a run-time controller would book only its own admissions and
+        # overfill the KV; its simulation, from an empty engine, would not show it. So lists only, then.
+        lists_only = bool(self.running)
         # Everything may have run already (a 100% sample, or fillers took the rest): nothing to plan.
         self.inner = self.planner.plan(self._rest, estimates, lists_only) if len(self._rest) else StaticOrder([])
         self._inner_of = {int(b): k for k, b in enumerate(self._rest)}
@@ -162,7 +165,7 @@ class WarmupController:
         before = float(np.sum(self.estimates.mean[rest]))
         if abs(float(np.sum(fresh.mean[rest])) - before) >= REPLAN_MOVE * max(before, 1.0):
             self.replans += 1
-            self._make_plan(fresh, lists_only=True)  # a list now: the old one's work is in flight, unbooked
+            self._make_plan(fresh)  # a list: the old plan's work is in flight
 
     def on_progress(self, index: int, output_tokens: int) -> None:
         if index in self.running:
