@@ -137,7 +137,7 @@ def main() -> None:
         estimates = "warm-up sample run first (1%), as a shard" if args.lengths == "hidden" else args.estimates
         write_result(name, {"setup": setup.label, "requests": args.requests, "lengths": args.lengths,
                             "estimates": estimates, "policies": args.policies, "mixes": mixes, "summary": summary,
-                            "paper": PAPER[setup.key], "pngs": pngs})
+                            "paper": PAPER[setup.key] if family == "policies" else None, "pngs": pngs})
 
 
 if __name__ == "__main__":
