@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from blendserve.batch import RequestBatch
+from blendserve.cli import main
 from blendserve.costmodel import CostModel, get_hardware, get_model, unique_prompt_tokens
 from blendserve.model_prep import REPO_ROOT
 from blendserve.workload import (
@@ -115,3 +116,14 @@ def test_paper_mix_specs_are_unchanged() -> None:
     """The cached paper mixes (.cache/bench/) were built from these specs: a change would silently stale them."""
     assert mix_spec("d1.4-s35", 40_000) == WorkloadSpec(40_000, 1.4, 0.35, name="d1.4-s35")
     assert spec_pools(mix_spec("d0.9-s5", 10), {"x": None}) == {"x": None}  # no system prompt added
+
+
+def test_workload_command_builds_a_rare_mix(tmp_path) -> None:
+    """``blendserve workload --mix shared-sys``: the CLI takes the rare-heavy mixes by name (and loads only the
+    pools they draw from: no MMLU here)."""
+    out = tmp_path / "shared.parquet"
+    assert main(["workload", "--mix", "shared-sys", "--num-requests", "400", "--output", str(out),
+                 "--data", str(DATA)]) == 0
+    rows = pq.read_table(out, columns=["metadata_json", "prompt_token_ids"]).to_pydict()
+    assert _heavy(rows).sum() == 2  # 0.5% of 400
+    assert {tuple(ids[:SYSTEM]) for ids in rows["prompt_token_ids"]} == {tuple(system_prompt("azure-code", SYSTEM))}

@@ -327,11 +327,17 @@ def mix_report(plan: Plan, pools: dict[str, Pool], spec: WorkloadSpec, cost: Cos
 
 
 def load_pools(spec: WorkloadSpec, root: Path) -> dict[str, Pool]:
-    """The pools the spec draws from (all three for a mix)."""
+    """The pools the spec draws from (all three for a solved mix, those with a share for fixed shares)."""
 
     loaders = {"api": lambda: ws.load_api(root, spec.api_trace), "mmlu": lambda: ws.load_mmlu(root, spec.mmlu_output_tokens),
                "video": lambda: ws.load_video(root)}
-    return {name: loaders[name]() for name in ([spec.only] if spec.only else SOURCES)}
+    if spec.only:
+        names = [spec.only]
+    elif spec.shares:
+        names = [name for name, share in spec.shares if share > 0]
+    else:
+        names = list(SOURCES)
+    return {name: loaders[name]() for name in names}
 
 
 def build_workload(spec: WorkloadSpec, path: Path, cost: CostModel, root: Path) -> MixReport:
