@@ -127,3 +127,18 @@ def test_workload_command_builds_a_rare_mix(tmp_path) -> None:
     rows = pq.read_table(out, columns=["metadata_json", "prompt_token_ids"]).to_pydict()
     assert _heavy(rows).sum() == 2  # 0.5% of 400
     assert {tuple(ids[:SYSTEM]) for ids in rows["prompt_token_ids"]} == {tuple(system_prompt("azure-code", SYSTEM))}
+
+
+def test_with_prefix_puts_the_ids_in_front_and_keeps_each_prompt() -> None:
+    from blendserve.workload import with_prefix
+    from blendserve.workload_sources import Pool
+
+    tokens = np.array([1, 2, 3, 4, 5, 6], dtype=np.int32)  # rows: [1, 2, 3], [4], [5, 6]
+    pool = Pool("video", np.array([0, 3, 4, 6]), tokens, np.array([3, 1, 2]), np.zeros(3, np.int64), None,
+                ["f"] * 3, np.arange(1, 4), np.zeros(3, np.int64))
+    out = with_prefix(pool, np.array([9, 8], dtype=np.int32))
+    rows = [out.tokens[out.offsets[i] : out.offsets[i + 1]].tolist() for i in range(3)]
+    assert rows == [[9, 8, 1, 2, 3], [9, 8, 4], [9, 8, 5, 6]] and out.prompt_lens.tolist() == [5, 3, 4]
+    api = Pool("api", np.zeros(0, np.int64), np.zeros(0, np.int32), np.array([10, 3]), np.ones(2, np.int64), None,
+               ["a"] * 2, np.arange(1, 3), np.zeros(2, np.int64))
+    assert with_prefix(api, np.array([9, 8])).prompt_lens.tolist() == [12, 5]  # ids generated at write time
