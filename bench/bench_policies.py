@@ -1,4 +1,4 @@
-"""Quality of every policy in the simulator on the paper's four mixes.
+"""Quality of every policy in the simulator on the paper's four mixes, or on the rare-heavy ones.
 
     .venv/bin/python bench/bench_policies.py [--requests 40000] [--setup 8b|70b] [--lengths hidden|known]
         [--mixes ...] [--out]
@@ -21,6 +21,11 @@ caps) with the warm-up sampler's estimates and no warm-up time; there
 ``--out`` writes bench/results/policies-<setup>[-known][-<size>].json and two
 PNGs under docs/img/ (fraction of optimum, and sharing per policy as the
 paper's Figure 9).
+
+``--mixes rare-0.3 rare-1 shared-sys`` runs the rare-heavy mixes of issue 20
+(``workload.RARE_MIXES``: a few requests with outputs over 8k tokens among
+short answers); their results go to rare-<setup>[-known][-<size>].json, beside
+the paper mixes' rather than over them.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import time
 
 from as_shard import run_policies
 from blendserve.sim import SimConfig
-from blendserve.workload import MIXES
+from blendserve.workload import MIXES, RARE_MIXES
 from common import LENGTHS, SETUPS, img_path, lengths_suffix, load_mix, size_suffix, write_result
 from plots import policy_bars
 from tables import chose_label, summarize
@@ -70,28 +75,45 @@ def print_mix(mix: str, report: dict, policies: list[str]) -> None:
               + chose_label(r) + unplanned_label(r, report["requests"]))
 
 
-def print_summary(summary: dict, paper: dict) -> None:
-    print("\nblendserve, mean over mixes (paper):")
-    print(f"  fraction of optimum  {summary['opt']:.1%}  (paper {paper['opt']:.2%})")
-    print(f"  speed-up over dfs    {summary['speedup']:.2f}x  (paper {paper['speedup']:.2f}x over its best DFS system)")
-    print(f"  sharing vs dfs       {summary['sharing']:.1%}  (paper > {paper['sharing']:.0%})")
+def print_summary(summary: dict, paper: dict | None) -> None:
+    """The means over the mixes; beside the paper's figures when the mixes are the paper's (``paper``)."""
+    def said(text: str) -> str:
+        return f"  (paper {text})" if paper else ""
+
+    print("\nblendserve, mean over mixes" + (" (paper):" if paper else ":"))
+    print(f"  fraction of optimum  {summary['opt']:.1%}" + said(f"{paper['opt']:.2%}" if paper else ""))
+    print(f"  speed-up over dfs    {summary['speedup']:.2f}x"
+          + said(f"{paper['speedup']:.2f}x over its best DFS system" if paper else ""))
+    print(f"  sharing vs dfs       {summary['sharing']:.1%}" + said(f"> {paper['sharing']:.0%}" if paper else ""))
     print(f"  over the best other policy on each mix  {summary['vs_best_other']:.2f}x "
           f"(worst mix {summary['vs_best_baseline']:.2f}x)")
+
+
+def result_family(mixes: list[str]) -> str:
+    """The result file's first word: "policies" for the paper mixes, "rare" for the rare-heavy ones (a file
+    holds one kind, so a rare run never overwrites the paper mixes' results)."""
+    if all(m in RARE_MIXES for m in mixes):
+        return "rare"
+    if any(m in RARE_MIXES for m in mixes):
+        raise SystemExit("run the paper mixes and the rare-heavy mixes separately (their results are separate files)")
+    return "policies"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=40_000)
     ap.add_argument("--setup", choices=sorted(SETUPS), default="8b")
-    ap.add_argument("--mixes", nargs="+", default=list(MIXES))
+    ap.add_argument("--mixes", nargs="+", default=list(MIXES), choices=[*MIXES, *RARE_MIXES],
+                    help="paper mixes (default: all four) or rare-heavy ones, not both")
     ap.add_argument("--policies", nargs="+", default=POLICIES, help="a subset, in table order (default: all)")
     ap.add_argument("--token-budget", type=int, default=None, help="tokens per step; default: resource-aware")
     ap.add_argument("--lengths", choices=LENGTHS, default="hidden",
                     help="hidden: one round max_tokens, run as a shard (default); known: plan on true lengths")
     ap.add_argument("--estimates", choices=["warmup", "default"], default="warmup", help="known mode only")
     ap.add_argument("--out", action="store_true",
-                    help="write bench/results/policies-<setup>[-known].json and PNGs")
+                    help="write bench/results/{policies,rare}-<setup>[-known][-<size>].json and PNGs")
     args = ap.parse_args()
+    family = result_family(args.mixes)
     setup, config = SETUPS[args.setup], SimConfig(token_budget=args.token_budget)
     cost = setup.cost()
     mixes = []
@@ -106,16 +128,16 @@ def main() -> None:
         mixes.append({"mix": mix, "achieved": {k: built[k] for k in ("density", "sharing", "counts")},
                       "max_tokens": cap, **report})
     summary = summarize(mixes, args.policies)
-    print_summary(summary, PAPER[setup.key])
+    print_summary(summary, PAPER[setup.key] if family == "policies" else None)
     if args.out:
-        name = f"policies-{setup.key}{lengths_suffix(args.lengths)}{size_suffix(args.requests)}"
+        name = f"{family}-{setup.key}{lengths_suffix(args.lengths)}{size_suffix(args.requests)}"
         label = f"{setup.label}, lengths {args.lengths}"
         pngs = [policy_bars(mixes, args.policies, metric, label, img_path(f"{name}-{metric}.png")).name
                 for metric in ("fraction_of_optimum", "sharing_vs_dfs")]
         estimates = "warm-up sample run first (1%), as a shard" if args.lengths == "hidden" else args.estimates
         write_result(name, {"setup": setup.label, "requests": args.requests, "lengths": args.lengths,
                             "estimates": estimates, "policies": args.policies, "mixes": mixes, "summary": summary,
-                            "paper": PAPER[setup.key], "pngs": pngs})
+                            "paper": PAPER[setup.key] if family == "policies" else None, "pngs": pngs})
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.model_prep import cache_root
 from blendserve.sim.compare import true_outputs
 from blendserve.workload import (
-    MIXES, MixReport, WorkloadSpec, load_pools, mix_report, plan_requests, write_workload,
+    MixReport, WorkloadSpec, load_pools, mix_report, mix_spec, plan_requests, spec_pools, write_workload,
 )
 from blendserve.workload_sources import Pool, data_root
 
@@ -106,20 +106,20 @@ def pools() -> dict[str, Pool]:
 
 def write_mix(spec: WorkloadSpec, path: Path, cost: CostModel) -> MixReport:
     """build_workload on the pools already loaded."""
-    plan = plan_requests(spec, pools(), cost)
-    write_workload(plan, pools(), spec, path)
-    return mix_report(plan, pools(), spec, cost)
+    drawn = spec_pools(spec, pools())
+    plan = plan_requests(spec, drawn, cost)
+    write_workload(plan, drawn, spec, path)
+    return mix_report(plan, drawn, spec, cost)
 
 
 def load_mix(name: str, requests: int, setup: Setup) -> tuple[RequestBatch, dict]:
-    """A paper mix built for ``setup`` (density solved on that model and hardware), cached with its achieved
-    density and sharing (the MixReport, beside the file)."""
+    """A paper mix built for ``setup`` (density solved on that model and hardware), or a rare-heavy one
+    (``workload.RARE_MIXES``), cached with its achieved density and sharing (the MixReport, beside the file)."""
     path = mix_path(name, requests, setup)
     report = path.with_suffix(".mix.json")
     if not path.exists() or not report.exists():
-        density, sharing = MIXES[name]
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(write_mix(WorkloadSpec(requests, density, sharing, name=name), path, setup.cost()).to_json())
+        report.write_text(write_mix(mix_spec(name, requests), path, setup.cost()).to_json())
     return RequestBatch.from_parquet(path), json.loads(report.read_text())
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from tables import (
-    grid_section, peer_section, pipeline_section, planner_section, policies_section, sampling_section,
+    grid_section, peer_section, pipeline_section, planner_section, policies_section, rare_section, sampling_section,
     simulator_section, summarize, timeline_section,
 )
 
@@ -78,6 +78,14 @@ POLICY_RESULTS = [
     ("policies-70b", "70B, 8 GPUs TP 8", "Paper mixes at 40k requests: Llama-3.1-70B on 8 A100-80G, tensor parallel"),
 ]
 UPPER_BOUND = " (upper bound: lengths known)"
+# The rare-heavy mixes (issue 20): (file of the hidden-length result, its size in requests, section title).
+RARE_RESULTS = [
+    ("rare-8b-400k", 400_000, "Rare heavy families at the paper's size (400k requests): Llama-3.1-8B on one A100-80G"),
+    ("rare-8b", 40_000, "Rare heavy families at 40k requests: Llama-3.1-8B on one A100-80G"),
+    ("rare-8b-20k", 20_000, "Rare heavy families at 20k requests: Llama-3.1-8B on one A100-80G"),
+]
+RARE_COMMAND = ("bench/bench_policies.py --setup 8b --requests {n} --mixes rare-0.3 rare-1 shared-sys "
+                "--policies fcfs balance dfs blendserve --out")
 
 
 def known(name: str) -> str:
@@ -161,6 +169,8 @@ def render() -> str:
                  load("grid-known")),
         fragment("commentary.md", ""),
         *(part for both in policies for part in both),
+        *(part for name, n, title in RARE_RESULTS
+          for part in pair(title, name, rare_section, RARE_COMMAND.format(n=n))),
         *pair("Utilization over time at the paper's size (its Figure 10)", "timeline-400k", timeline_section,
               "bench/bench_timeline.py --requests 400000 --out"),
         *pair("Utilization over time at 40k requests", "timeline", timeline_section,

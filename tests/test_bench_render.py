@@ -18,7 +18,8 @@ def test_render_has_every_section(monkeypatch) -> None:
                   "Sensitivity grid", "Warm-up sampling", "Planner scaling", "Simulator scaling"):
         assert f"## {title}" in page
     for title in ("Paper mixes at 40k requests: Llama-3.1-8B on one A100-80G", "Sensitivity grid: 65 mixes",
-                  "Utilization over time at 40k requests"):
+                  "Utilization over time at 40k requests",
+                  "Rare heavy families at 20k requests: Llama-3.1-8B on one A100-80G"):
         # the headline mode (lengths hidden) first, its known-length upper bound right after it
         hidden, upper = page.index(f"## {title}\n"), page.index(f"## {title}{render.UPPER_BOUND}\n")
         assert hidden < upper and "\n## " not in page[hidden + 3 : upper]
