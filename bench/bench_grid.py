@@ -33,16 +33,18 @@ SHARINGS = [round(0.05 + 0.10 * i, 2) for i in range(5)]
 
 
 def cell(density: float, sharing: float, n: int, cost: CostModel, folder: Path, lengths: str) -> dict:
-    """Build one mix, run dfs, fcfs and blendserve on it in ``lengths`` mode, and return the comparison."""
+    """Build one mix, run dfs, fcfs, balance and blendserve on it in ``lengths`` mode; return the comparison."""
     path = folder / "cell.parquet"
     achieved = write_mix(WorkloadSpec(n, density, sharing, name=f"g{density}-{sharing}"), path, cost)
     batch = RequestBatch.from_parquet(path)
-    report, cap = run_policies(batch, cost, SimConfig(), ["dfs", "fcfs", "blendserve"], lengths)
-    dfs, fcfs, blend = report["policies"]
+    report, cap = run_policies(batch, cost, SimConfig(), ["dfs", "fcfs", "balance", "blendserve"], lengths)
+    dfs, fcfs, balance, blend = report["policies"]
     return {"density": density, "sharing": sharing, "achieved_density": achieved.density,
             "achieved_sharing": achieved.sharing, "dfs_s": dfs["time_s"], "blendserve_s": blend["time_s"],
             "speedup": dfs["time_s"] / blend["time_s"], "sharing_vs_dfs": blend["sharing_vs_dfs"],
-            "fcfs_s": fcfs["time_s"], "vs_fcfs": fcfs["time_s"] / blend["time_s"], "chose": blend.get("chosen"),
+            "fcfs_s": fcfs["time_s"], "vs_fcfs": fcfs["time_s"] / blend["time_s"],
+            "balance_s": balance["time_s"], "vs_balance": balance["time_s"] / blend["time_s"],
+            "chose": blend.get("chosen"),
             "dfs_opt": dfs["fraction_of_optimum"], "blendserve_opt": blend["fraction_of_optimum"], "max_tokens": cap}
 
 
@@ -64,13 +66,17 @@ def main() -> None:
                 cells.append(c)
                 print(f"density {density:.2f} sharing {sharing:.0%}: achieved {c['achieved_density']:.2f} / "
                       f"{c['achieved_sharing']:.0%}, speed-up {c['speedup']:.3f}x (over fcfs {c['vs_fcfs']:.3f}x, "
-                      f"chose {c['chose']}), sharing {c['sharing_vs_dfs']:.1%} of dfs, "
+                      f"over balance {c['vs_balance']:.3f}x, chose {c['chose']}), "
+                      f"sharing {c['sharing_vs_dfs']:.1%} of dfs, "
                       f"max_tokens {c['max_tokens'] or 'per request (known)'} "
                       f"({time.perf_counter() - started:.0f} s)", flush=True)
     speedups = np.array([c["speedup"] for c in cells]).reshape(len(DENSITIES), len(SHARINGS))
     print(f"speed-up over dfs: mean {speedups.mean():.3f}x, min {speedups.min():.3f}x, max {speedups.max():.3f}x")
     over_fcfs = np.array([c["vs_fcfs"] for c in cells])
     print(f"over fcfs: mean {over_fcfs.mean():.3f}x, min {over_fcfs.min():.3f}x, cells below fcfs {(over_fcfs < 1).sum()}")
+    over_balance = np.array([c["vs_balance"] for c in cells])
+    print(f"over balance: mean {over_balance.mean():.3f}x, min {over_balance.min():.3f}x, "
+          f"cells below balance {(over_balance < 1).sum()}")
     if args.out:
         suffix = lengths_suffix(args.lengths)
         title = (f"blendserve over dfs, {len(cells)} mixes of {args.requests:,} requests ({setup.label}, "

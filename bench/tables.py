@@ -168,12 +168,16 @@ def grid_section(data: dict) -> str:
 
 
 def _over_fcfs(cells: list[dict]) -> str:
-    if not all("vs_fcfs" in c for c in cells):  # results written before fcfs was in the grid
-        return ""
-    over = [c["vs_fcfs"] for c in cells]
-    below = sum(v < 1 for v in over)
-    return (f" Over fcfs: mean {sum(over) / len(over):.3f}x, min {min(over):.3f}x; {below} of {len(cells)} cells"
-            " below fcfs.")
+    """The over-fcfs (and over-balance, in results that ran it) sentence of the grid's intro."""
+    parts = []
+    for key, name in (("vs_fcfs", "fcfs"), ("vs_balance", "balance")):
+        if not all(key in c for c in cells):  # results written before the policy was in the grid
+            continue
+        over = [c[key] for c in cells]
+        below = sum(v < 1 for v in over)
+        parts.append(f" Over {name}: mean {sum(over) / len(over):.3f}x, min {min(over):.3f}x; {below} of "
+                     f"{len(cells)} cells below {name}.")
+    return "".join(parts)
 
 
 def sampling_section(data: dict) -> str:

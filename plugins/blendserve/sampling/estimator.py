@@ -219,16 +219,15 @@ def _source_stats(
     tree: PrefixTree, sample_leaf: np.ndarray, sample_len: np.ndarray, req_source: np.ndarray, quantile: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean, quantile and standard deviation of each request's source subtree (NaN where there is none)."""
-    n = len(req_source)
-    mean, high, std = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     used, inverse = np.unique(req_source, return_inverse=True)
+    stats = np.full((len(used), 3), np.nan)  # per source node: mean, quantile, std (indexed back per request)
     for j, node in enumerate(used):
         if node < 0:
             continue
         a, b = np.searchsorted(sample_leaf, [tree.lo[node], tree.hi[node]])
         values = sample_len[a:b]
-        at = inverse == j
-        mean[at], high[at], std[at] = values.mean(), np.quantile(values, quantile), values.std()
+        stats[j] = values.mean(), np.quantile(values, quantile), values.std()
+    mean, high, std = (stats[inverse, k].copy() for k in range(3))
     return mean, high, std
 
 
@@ -241,13 +240,14 @@ def _mixed_sources(tree: PrefixTree, sample_leaf: np.ndarray, group: np.ndarray 
         return mixed
     sample_group = group[sample_rows]  # sorted by leaf, like sample_leaf
     used, inverse = np.unique(req_source, return_inverse=True)
+    single = np.full(len(used), -1, dtype=np.int64)  # per source node: its samples' one group (-1: several)
     for j, node in enumerate(used):
         if node < 0:
             continue
         a, b = np.searchsorted(sample_leaf, [tree.lo[node], tree.hi[node]])
         values = np.unique(sample_group[a:b])
-        at = inverse == j
-        mixed[at] = (len(values) > 1) | (group[at] != values[0])
+        single[j] = values[0] if len(values) == 1 else -1
+    return (req_source >= 0) & (group != single[inverse])
     return mixed
 
 
