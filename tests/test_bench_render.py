@@ -18,6 +18,7 @@ def test_render_has_every_section(monkeypatch) -> None:
                   "Sensitivity grid", "Warm-up sampling", "Planner scaling", "Simulator scaling"):
         assert f"## {title}" in page
     for title in ("Paper mixes at 40k requests: Llama-3.1-8B on one A100-80G", "Sensitivity grid: 65 mixes",
+                  "Paper mixes at 20k requests: Llama-3.1-8B on one A100-80G",
                   "Utilization over time at 40k requests",
                   "Rare heavy families at 20k requests: Llama-3.1-8B on one A100-80G"):
         # the headline mode (lengths hidden) first, its known-length upper bound right after it
