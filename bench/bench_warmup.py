@@ -42,8 +42,8 @@ from blendserve.model_prep import ensure_model_dir
 from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.sampling import estimate_outputs, select_samples
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
-from blendserve.scheduling.registry import PolicyContext, make_controller
-from blendserve.scheduling.warmup import warmup_controller
+from blendserve.scheduling.registry import make_controller
+from blendserve.scheduling.warmup import rest_context, warmup_controller
 from blendserve.workload_sources import data_root
 from common import provenance
 
@@ -151,8 +151,9 @@ def planning_seconds(job: "Job", observed: np.ndarray) -> float:
     sampled = select_samples(job.batch, tree, rate=len(job.sampled) / len(job.reqs), seed=0)
     estimates = estimate_outputs(job.batch, tree, sampled, observed)
     rest = np.setdiff1d(np.arange(len(job.reqs)), sampled)
-    context = PolicyContext(job.batch.take(rest), estimates.mean[rest], job.cost, 100_000)
-    make_controller("blendserve", context)  # the shard's policy: six simulations, the fastest kept
+    # As a shard plans: the rest's estimates and their draws; every candidate simulated on each draw.
+    context = rest_context(job.batch.take(rest), estimates.take(rest), job.cost, 100_000)
+    make_controller("blendserve", context)
     return time.perf_counter() - started
 
 
