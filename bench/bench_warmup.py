@@ -119,6 +119,7 @@ class Job:
 
     def __init__(self, reqs: list[EngineRequest], rate: float) -> None:
         self.reqs = reqs
+        self.rate = rate  # the warm-up's sampling rate
         self.batch = as_batch(reqs)
         self.cost = CostModel(get_model("smollm2-135m"), get_hardware("a100-80g"))  # FCFS plan: the cost is unused
         self.tree = build_prefix_tree(self.batch, self.cost)
@@ -148,7 +149,7 @@ def planning_seconds(job: "Job", observed: np.ndarray) -> float:
 
     started = time.perf_counter()
     tree = build_prefix_tree(job.batch, job.cost)
-    sampled = select_samples(job.batch, tree, rate=len(job.sampled) / len(job.reqs), seed=0)
+    sampled = select_samples(job.batch, tree, rate=job.rate, seed=0)  # the job's own sample, drawn again
     estimates = estimate_outputs(job.batch, tree, sampled, observed)
     rest = np.setdiff1d(np.arange(len(job.reqs)), sampled)
     # As a shard plans: the rest's estimates and their draws; every candidate simulated on each draw.
