@@ -235,9 +235,8 @@ def _mixed_sources(tree: PrefixTree, sample_leaf: np.ndarray, group: np.ndarray 
                    req_source: np.ndarray) -> np.ndarray:
     """(n,) bool: the samples of the subtree that estimated a request include some of another group than its
     own (``RequestBatch.group``), so the prefix the two share says less than the group they do not."""
-    mixed = np.zeros(len(req_source), dtype=bool)
     if group is None or not len(sample_rows):
-        return mixed
+        return np.zeros(len(req_source), dtype=bool)
     sample_group = group[sample_rows]  # sorted by leaf, like sample_leaf
     used, inverse = np.unique(req_source, return_inverse=True)
     single = np.full(len(used), -1, dtype=np.int64)  # per source node: its samples' one group (-1: several)
@@ -248,7 +247,6 @@ def _mixed_sources(tree: PrefixTree, sample_leaf: np.ndarray, group: np.ndarray 
         values = np.unique(sample_group[a:b])
         single[j] = values[0] if len(values) == 1 else -1
     return (req_source >= 0) & (group != single[inverse])
-    return mixed
 
 
 def _overlay_strata(stratum: np.ndarray, sampled_idx: np.ndarray, observed: np.ndarray, min_samples: int,
