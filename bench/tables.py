@@ -162,12 +162,12 @@ def grid_section(data: dict) -> str:
              f"quick mode uses fewer). Speed-up of blendserve over dfs; mean {sum(speedups) / len(speedups):.3f}x, "
              f"min {min(speedups):.3f}x, max {max(speedups):.3f}x. Cells are labelled by the target density and "
              f"sharing; the achieved density drifts from its target by up to {drift:.2f} at this size "
-             "(both are in the JSON)." + _over_fcfs(cells) + " " + lengths_note(data))
+             "(both are in the JSON)." + _over_baselines(cells) + " " + lengths_note(data))
     return "\n\n".join([intro, image(data["png"], "speed-up heatmap"),
                         table(["density \\ sharing", *[f"{s:.0%}" for s in sharings]], rows), provenance(data)])
 
 
-def _over_fcfs(cells: list[dict]) -> str:
+def _over_baselines(cells: list[dict]) -> str:
     """The over-fcfs (and over-balance, in results that ran it) sentence of the grid's intro."""
     parts = []
     for key, name in (("vs_fcfs", "fcfs"), ("vs_balance", "balance")):
