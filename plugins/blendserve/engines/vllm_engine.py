@@ -49,6 +49,19 @@ def configure_cpu_env(config: RunConfig) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
 
 
+def run_engine_in_process() -> bool:
+    """On a CPU, vLLM's engine core and its worker run in this process (unless the environment says
+    otherwise): by default each is a process of its own that imports torch and vLLM again, about 25 s of
+    a 2-core machine's engine start, and on a CPU there is no device whose work those processes would
+    overlap. A GPU keeps vLLM's processes. Call after importing vLLM, before starting it."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
 @dataclass
 class StepStats:
     """What vLLM's scheduler and output processor reported for the latest step."""
@@ -125,9 +138,10 @@ class VllmEngine:
         configure_cpu_env(config)
         from vllm import LLM
 
-
+        self.in_process = run_engine_in_process()
         self.llm = None
-        self.watchdog = Watchdog()  # before the engine starts: a kill during its start is covered too
+        # before the engine starts (a kill during its start is covered too); in-process, nothing to watch
+        self.watchdog = None if self.in_process else Watchdog()
         started = time.monotonic()
         self.max_num_seqs = config.max_num_seqs
         self.max_model_len = config.max_model_len
@@ -156,7 +170,8 @@ class VllmEngine:
         cache = self.llm.llm_engine.vllm_config.cache_config
         self.kv_total_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
         self.step_tokens = int(self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
-        log.info("vLLM engine ready in %.1f s, KV %d tokens", time.monotonic() - started, self.kv_total_tokens)
+        log.info("vLLM engine ready in %.1f s, KV %d tokens%s", time.monotonic() - started, self.kv_total_tokens,
+                 ", engine core in this process" if self.in_process else "")
 
     def reconfigure(self, config: RunConfig) -> None:
         """Per-run settings that need no new engine."""
@@ -271,7 +286,8 @@ class VllmEngine:
         if self.llm is not None:
             self.llm.llm_engine.engine_core.shutdown(timeout=0)
             self.llm = None
-        self.watchdog.stop()
+        if self.watchdog is not None:
+            self.watchdog.stop()
 
 
 def _sampling(request: EngineRequest):  # type: ignore[no-untyped-def]

@@ -307,13 +307,19 @@ def prepare_steps(config: RunConfig) -> list[int]:
     return plan_step(config)
 
 
-def _in_child_process(fn, *args):  # type: ignore[no-untyped-def]
-    """``fn(*args)`` in a fresh (spawned), lower-priority process with this one's logging; its result or
-    its error."""
+def _beside_engine_start(config: RunConfig, fn, *args):  # type: ignore[no-untyped-def]
+    """``fn(*args)`` in a fresh (spawned), lower-priority process with this one's logging, while this
+    process starts ``config``'s engine; its result or its error. The child is spawned first: it has its
+    own imports to do, and the engine's import of vLLM here would only delay them."""
     verbose = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_background_child, initargs=(verbose,)) as pool:
-        return pool.submit(fn, *args).result()
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_background_child, initargs=(verbose,))
+    try:
+        result = pool.submit(fn, *args)
+        prestart(config)  # a thread of this process
+        return result.result()
+    finally:
+        pool.shutdown(wait=False)  # the child's exit (seconds, with its imports) need not hold up inference
 
 
 def _background_child(verbose: bool) -> None:
@@ -330,8 +336,7 @@ def _run_steps(config: RunConfig, overlap: bool) -> dict:
             with stages.timed("prepare"):
                 if overlap:
                     expand_inputs(config.input, config.storage_conn_id or None)  # no engine start for a wrong path
-                    prestart(config)  # a thread of this process; the steps meanwhile import in a process of their own
-                    shards = _in_child_process(prepare_steps, config)
+                    shards = _beside_engine_start(config, prepare_steps, config)
                 else:
                     shards = prepare_steps(config)
             with stages.timed("inference"):  # from the end of prepare: a wait for the engine's start is in it
