@@ -334,7 +334,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None, help="folder for batch files, outputs and logs "
                                                             "(default: a temporary one, removed)")
-    ap.add_argument("--out", action="store_true", help="write bench/results/peer.json")
+    ap.add_argument("--out", action="store_true",
+                    help="write bench/results/peer.json (--quick) or peer-full.json")
     return ap.parse_args(argv)
 
 
@@ -366,7 +367,7 @@ def main() -> None:
                 airflow.stop()
     print(environment())
     if args.out:
-        write_result("peer", {"settings": {"dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
+        write_result("peer" if args.quick else "peer-full", {"settings": {"dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
                                            "max_model_len": args.max_model_len, "kv_gb": args.kv_gb,
                                            "max_num_batched_tokens": args.max_num_batched_tokens,
                                            "locality_kv_gb": args.locality_kv_gb},

