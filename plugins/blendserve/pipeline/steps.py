@@ -317,9 +317,12 @@ def _beside_engine_start(config: RunConfig, fn, *args):  # type: ignore[no-untyp
     try:
         result = pool.submit(fn, *args)
         prestart(config)  # a thread of this process
-        return result.result()
-    finally:
-        pool.shutdown(wait=False)  # the child's exit (seconds, with its imports) need not hold up inference
+        value = result.result()
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)  # the child's steps end before the run is marked failed
+        raise
+    pool.shutdown(wait=False)  # the child's exit (seconds, with its imports) need not hold up inference
+    return value
 
 
 def _background_child(verbose: bool) -> None:
