@@ -372,3 +372,31 @@ def test_online_replans_keep_every_request_once_and_stay_lists(monkeypatch) -> N
     simulate(batch, truth, COST, controller, SimConfig(kv_capacity_tokens=100_000))
     assert sorted(admitted) == list(range(len(batch)))
     assert controller.replans > 0 and warmup.is_list(controller.inner)  # a re-plan never books blind
+
+
+@pytest.mark.parametrize("cap", [None, 0.25])
+def test_the_plan_waits_for_at_most_a_quarter_of_the_shard(cap, monkeypatch) -> None:
+    """A sampled answer of 250 tokens finishes before LONG_AFTER lets the plan go without it; on a slow
+    engine that is minutes, while short fillers stream through. MAX_BEFORE_PLAN stops the fillers."""
+    import blendserve.scheduling.warmup as warmup
+    from blendserve.sim import SimConfig, simulate
+
+    if cap is None:
+        monkeypatch.setattr(warmup, "MAX_BEFORE_PLAN", 1.0)  # the rule off: what the fillers would take
+    batch, truth, rare = _rare_long_family(n=400, family=12)
+    truth[rare] = 250
+    batch.sim_output_tokens = truth.astype(np.int32)
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
+    assert len(set(sampled.tolist()) & set(rare.tolist())) > 0
+    controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=200_000)
+    admitted = record_admissions(controller)
+    simulate(batch, truth, COST, controller, SimConfig(kv_capacity_tokens=200_000))
+    assert sorted(admitted) == list(range(len(batch)))  # every request once, either way
+    before_plan = (len(sampled) + controller.unplanned) / len(batch)
+    if cap is None:
+        assert before_plan > 0.3  # 35% on this seed
+    else:
+        assert before_plan <= 0.25 + 1 / len(batch)
+        # the long samples still running were counted at their expected length given their progress
+        assert np.median(controller.estimates.mean[rare]) > truth[:-12].max()
