@@ -45,6 +45,7 @@ def cell(density: float, sharing: float, n: int, cost: CostModel, folder: Path, 
             "fcfs_s": fcfs["time_s"], "vs_fcfs": fcfs["time_s"] / blend["time_s"],
             "balance_s": balance["time_s"], "vs_balance": balance["time_s"] / blend["time_s"],
             "chose": blend.get("chosen"),
+            "before_plan": (blend.get("sampled", 0) + blend.get("unplanned", 0)) / n,  # share started before it
             "dfs_opt": dfs["fraction_of_optimum"], "blendserve_opt": blend["fraction_of_optimum"], "max_tokens": cap}
 
 
@@ -67,7 +68,7 @@ def main() -> None:
                 print(f"density {density:.2f} sharing {sharing:.0%}: achieved {c['achieved_density']:.2f} / "
                       f"{c['achieved_sharing']:.0%}, speed-up {c['speedup']:.3f}x (over fcfs {c['vs_fcfs']:.3f}x, "
                       f"over balance {c['vs_balance']:.3f}x, chose {c['chose']}), "
-                      f"sharing {c['sharing_vs_dfs']:.1%} of dfs, "
+                      f"sharing {c['sharing_vs_dfs']:.1%} of dfs, {c['before_plan']:.0%} before the plan, "
                       f"max_tokens {c['max_tokens'] or 'per request (known)'} "
                       f"({time.perf_counter() - started:.0f} s)", flush=True)
     speedups = np.array([c["speedup"] for c in cells]).reshape(len(DENSITIES), len(SHARINGS))
