@@ -367,12 +367,13 @@ def main() -> None:
                 airflow.stop()
     print(environment())
     if args.out:
-        write_result("peer" if args.quick else "peer-full", {"settings": {"dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
-                                           "max_model_len": args.max_model_len, "kv_gb": args.kv_gb,
-                                           "max_num_batched_tokens": args.max_num_batched_tokens,
-                                           "locality_kv_gb": args.locality_kv_gb},
-                              "quick": args.quick, "scale": args.scale, "rounds": rounds, "systems": systems,
-                              "environment": environment(), "batches": result})
+        name = "peer" if args.quick else "peer-full"
+        write_result(name, {"settings": {"dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
+                                         "max_model_len": args.max_model_len, "kv_gb": args.kv_gb,
+                                         "max_num_batched_tokens": args.max_num_batched_tokens,
+                                         "locality_kv_gb": args.locality_kv_gb},
+                            "quick": args.quick, "scale": args.scale, "rounds": rounds, "systems": systems,
+                            "environment": environment(), "batches": result})
 
 
 if __name__ == "__main__":
