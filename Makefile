@@ -34,7 +34,9 @@ $(STAMP): requirements.txt pyproject.toml
 $(MODEL_STAMP): $(STAMP)
 	$(PY) -m blendserve.model_prep
 
+# the first demo on a machine calibrates it (about 2 minutes), so that its predictions are in this machine's seconds
 demo: setup
+	$(PY) -m blendserve calibrate --engine vllm --if-missing
 	$(PY) -m blendserve run --input data/sample/requests.jsonl --engine vllm --db $(DEMO_DB)
 
 test: setup

@@ -9,7 +9,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from blendserve.calibrate import TEST_GRID, grid_batch
+from blendserve.calibrate import DEFAULT_GRID, TEST_GRID, grid_batch
 from blendserve.cli import main
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_model
@@ -20,17 +20,18 @@ from blendserve.sim import SimConfig
 
 from conftest import FIXTURES
 
-GRID = ((1, 64, 64), (8, 512, 16), (32, 64, 64), (2, 1500, 1), (64, 64, 16), (8, 1024, 32))
+GRID = [cell._replace(n=cell.n or 64) for cell in DEFAULT_GRID]
 
 
 @pytest.mark.parametrize("overlap", ["max", "sum"])
 def test_fit_recovers_the_constants_the_simulator_ran_on(overlap: str) -> None:
     """The simulator as the engine (deterministic): the fit finds the F, B, overhead and f it used."""
     model = get_model("smollm2-135m")
-    truth = device("truth", model, np.array([4e-5, 0.09, 0.03]), overlap, 0.0)
-    sim = SimConfig(token_budget=4096, max_running=64, kv_capacity_tokens=40_000)
-    runs = [Measured(grid_batch(n, p, d, model.vocab_size, seed), np.full(n, d), 0.0)
-            for seed, (n, p, d) in enumerate(GRID)]
+    sim = SimConfig(token_budget=4096, max_running=64, kv_capacity_tokens=40_000, block_size=128,
+                    attention_flops=True)  # as calibrate fits vLLM-CPU
+    truth = device("truth", model, np.array([4e-5, 0.09, 0.03]), overlap, 0.0, sim)
+    runs = [Measured(grid_batch(n, p, d, model.vocab_size, seed, shared), np.full(n, d), 0.0)
+            for seed, (n, p, d, shared) in enumerate(GRID)]
     for run, seconds in zip(runs, simulated_seconds(runs, CostModel(model, truth), sim)):
         run.seconds = float(seconds)
     fit = fit_hardware(runs, model, sim, "fitted")
@@ -39,6 +40,14 @@ def test_fit_recovers_the_constants_the_simulator_ran_on(overlap: str) -> None:
     assert fit.hardware.bandwidth == pytest.approx(truth.bandwidth, rel=0.02)
     assert fit.hardware.step_overhead == pytest.approx(truth.step_overhead, rel=0.02)
     assert fit.median_error < 1e-3
+    assert fit.hardware.block_size == 128 and fit.hardware.attention_flops  # kept for the runs it costs
+
+
+def test_a_shared_cell_shares_exactly_its_prefix() -> None:
+    batch = grid_batch(8, 768, 1, 49152, seed=3, shared=512)
+    prompts = np.stack([batch.prompt(i) for i in range(8)])
+    assert (prompts[:, :512] == prompts[0, :512]).all()
+    assert len(set(prompts[:, 512].tolist())) == 8  # no two prompts go on alike
 
 
 def test_catalog_gpus_keep_no_overhead_and_max_overlap() -> None:
@@ -57,6 +66,10 @@ def test_calibrate_on_vllm_then_auto_costs_runs_and_replays_them(tmp_path, monke
     profile = json.loads(stored[0].read_text())
     assert len(profile["batches"]) == len(TEST_GRID) and profile["hardware"]["step_overhead"] >= 0
     assert profile["key"]["host"] and profile["key"]["model"]["weights"]
+    assert profile["hardware"]["block_size"] == 128  # vLLM-CPU's KV block: the replay counts hits in it
+    fitted = stored[0].stat().st_mtime_ns
+    assert main(["calibrate", "--grid", "test", "--if-missing"]) == 0  # make demo's: once per machine and settings
+    assert stored[0].stat().st_mtime_ns == fitted
 
     settings = dict(input="x", db=str(tmp_path / "x.duckdb"), engine="vllm")  # the CLI's defaults otherwise
     cost = cost_model_for(RunConfig(run_id="auto", **settings))
@@ -86,10 +99,11 @@ def test_t_opt_with_step_overhead_stays_below_every_simulated_batch(overlap: str
     from blendserve.sim import simulate
 
     model = get_model("smollm2-135m")
-    cost = CostModel(model, device("cpu", model, np.array([1e-3, 0.1, 0.085]), overlap, 0.0, token_budget=512))
+    cost = CostModel(model, device("cpu", model, np.array([1e-3, 0.1, 0.085]), overlap, 0.0,
+                                        SimConfig(token_budget=512)))
     sim = SimConfig(max_running=16, kv_capacity_tokens=20_000)  # the device's own budget and f
-    for seed, (n, p, d) in enumerate(GRID):
-        batch, outputs = grid_batch(n, p, d, model.vocab_size, seed), np.full(n, d)
+    for seed, (n, p, d, shared) in enumerate(GRID):
+        batch, outputs = grid_batch(n, p, d, model.vocab_size, seed, shared), np.full(n, d)
         result = simulate(batch, outputs, cost, StaticOrder(np.arange(n)), sim)
         optimum = batch_t_opt(cost, batch, outputs, overlap, sim.kv_capacity_tokens)
         assert result.token_budget == 512 and optimum.time <= result.total_time * (1 + 1e-12)

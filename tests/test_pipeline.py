@@ -10,6 +10,7 @@ import pytest
 
 from blendserve.pipeline import parts
 from blendserve.pipeline.steps import InjectedFault, infer_shard, ingest_step, load_step, plan_step, run_pipeline
+from blendserve.report.replay import replayed_shards
 
 pytestmark = pytest.mark.engine
 
@@ -88,6 +89,8 @@ def test_identical_requests_run_once_and_every_duplicate_gets_the_answer(make_co
         texts = dict(con.execute("SELECT request_id, text FROM outputs").fetchall())
     served = json.loads((config.shard_dir(0) / "stats.json").read_text())["served"]
     assert served == 3  # one for the three duplicates, one each for the two sampled requests
+    # the replay costs what the engine ran: the duplicates hold their twin's position, but ran once
+    assert sum(len(batch) for batch, _ in replayed_shards(config)) == served
     assert len({plan[f"dup-{i}"] for i in range(3)}) == 1
     assert plan["sampled-no-seed"] == "sampled-no-seed" and plan["seeded"] == "seeded"
     assert sorted(texts) == sorted(line["custom_id"] for line in lines)

@@ -53,7 +53,7 @@ def test_simulator_caches_siblings_as_vllm_does(make_config, shared: int, togeth
     prompts = sibling_prompts(seed=shared + 2 * together, shared=shared)
     # static: both requests are in vLLM's queue before its first step, so it schedules them in that one step
     with engine_session(make_config(extra={"vllm_mode": "static"})) as engine:
-        block = int(engine.llm.llm_engine.vllm_config.cache_config.block_size)
+        block = engine.block_size
         step_tokens, kv_tokens = engine.step_tokens, engine.kv_total_tokens
         results = vllm_runs(engine, prompts, together)
     assert [r.status for r in results] == ["ok", "ok"]

@@ -1,10 +1,12 @@
 """``blendserve calibrate``'s library: run a short grid through the real engine, fit a profile, store it.
 
 Each grid cell is one batch of ``n`` synthetic prompts of ``p`` random token
-ids (distinct in every request, and the prefix cache is reset between
-batches, so nothing is served from the cache) asking for ``d`` output tokens.
-The cells vary the prefill tokens per step, the running decodes and the KV
-length read. ``costmodel.fit`` then fits the simulator's step formula to the
+ids asking for ``d`` output tokens. The prompts are distinct from their first
+token, except in a cell with a ``shared`` prefix, where the first ``shared``
+tokens are the same in every prompt and the rest hit the prefix cache (the
+prefix cache is reset between batches). The cells vary the prefill tokens
+per step, the running decodes, the KV length read and the context a prefill
+attends to. ``costmodel.fit`` then fits the simulator's step formula to the
 batches' wall seconds, with the output lengths the engine really produced.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import NamedTuple
 from dataclasses import asdict
 from datetime import datetime, timezone
 
@@ -22,31 +25,43 @@ from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel, get_hardware
 from blendserve.costmodel.fit import Fit, Measured, fit_hardware
-from blendserve.costmodel.model_spec import from_hf_config
 from blendserve.costmodel.profiles import FALLBACK, Profile, profile_key, profile_name
 from blendserve.engines import engine_session
 from blendserve.engines.common import requests_from_batch
-from blendserve.pipeline.plan import kv_capacity_for
+from blendserve.pipeline.plan import kv_capacity_for, model_spec_for
 from blendserve.scheduling.admission import StaticOrder
 from blendserve.sim import SimConfig
 
 log = logging.getLogger(__name__)
 
 MAX = 0  # in a grid cell's n: the engine's max_num_seqs
-# (n prompts, p prompt tokens, d output tokens): ~60 s of vLLM-CPU on 2 shared cores for SmolLM2-135M
-# (it prefills ~500 tokens/s and takes ~85 ms a decode step there): decode-only, prefill-only, mixed, long KV
-DEFAULT_GRID: tuple[tuple[int, int, int], ...] = (
-    (1, 64, 64), (8, 512, 16), (32, 64, 64), (2, 1500, 1), (MAX, 64, 16), (8, 1024, 32),
+
+
+class Cell(NamedTuple):
+    n: int  # prompts (MAX: the engine's max_num_seqs)
+    p: int  # prompt tokens each
+    d: int  # output tokens each
+    shared: int = 0  # leading tokens every prompt shares: the first prompt computes them, the others hit them
+
+
+# ~110 s of vLLM-CPU on 2 shared cores for SmolLM2-135M (it prefills ~400 tokens/s and takes ~85 ms a decode
+# step there): decode-only, prefill-only, mixed, long KV, and suffixes over a cached prefix (the locality case)
+DEFAULT_GRID: tuple[Cell, ...] = (
+    Cell(1, 64, 64), Cell(8, 512, 16), Cell(32, 64, 64), Cell(2, 1500, 1), Cell(MAX, 64, 16), Cell(8, 1024, 32),
+    Cell(8, 768, 1, shared=512),
 )
-TEST_GRID: tuple[tuple[int, int, int], ...] = ((1, 32, 16), (8, 256, 4), (16, 32, 16), (2, 512, 1))
-WARMUP = (1, 16, 4)  # run first and not measured: an engine's first batch pays one-off start costs
+TEST_GRID: tuple[Cell, ...] = (Cell(1, 32, 16), Cell(8, 256, 4), Cell(16, 32, 16), Cell(2, 512, 1),
+                               Cell(4, 384, 1, shared=256))
+WARMUP = Cell(1, 16, 4)  # run first and not measured: an engine's first batch pays one-off start costs
 
 
-def grid_batch(n: int, p: int, d: int, vocab: int, seed: int) -> RequestBatch:
-    """``n`` prompts of ``p`` random token ids (no two share a first token, so no prefix is shared)."""
+def grid_batch(n: int, p: int, d: int, vocab: int, seed: int, shared: int = 0) -> RequestBatch:
+    """``n`` prompts of ``p`` random token ids whose first ``shared`` are the same in all (then no two share
+    the next token, so nothing beyond is shared)."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(100, vocab, size=(n, p), dtype=np.int64)
-    tokens[:, 0] = rng.choice(np.arange(100, vocab), size=n, replace=False)
+    tokens[:, :shared] = tokens[0, :shared]
+    tokens[:, shared] = rng.choice(np.arange(100, vocab), size=n, replace=False)
     return RequestBatch(
         request_ids=np.array([f"calib-{seed}-{i}" for i in range(n)], dtype=object),
         token_offsets=np.arange(n + 1, dtype=np.int64) * p,
@@ -57,17 +72,22 @@ def grid_batch(n: int, p: int, d: int, vocab: int, seed: int) -> RequestBatch:
     )
 
 
-def cells(config: RunConfig, grid: tuple[tuple[int, int, int], ...]) -> list[tuple[int, int, int]]:
-    """The grid with MAX resolved and prompts cut to fit the context."""
+def cells(config: RunConfig, grid: tuple[Cell, ...]) -> list[Cell]:
+    """The grid with MAX resolved and prompts (and their shared prefix) cut to fit the context."""
     room = config.max_model_len - 1
-    return [(n or config.max_num_seqs, min(p, room - min(d, room // 2)), min(d, room // 2)) for n, p, d in grid]
+    resolved = []
+    for n, p, d, shared in grid:
+        d = min(d, room // 2)
+        p = min(p, room - d)
+        resolved.append(Cell(n or config.max_num_seqs, p, d, min(shared, p - 1)))
+    return resolved
 
 
-def run_grid(engine, config: RunConfig, grid: list[tuple[int, int, int]], vocab: int) -> list[Measured]:  # type: ignore[no-untyped-def]
+def run_grid(engine, config: RunConfig, grid: list[Cell], vocab: int) -> list[Measured]:  # type: ignore[no-untyped-def]
     """Each cell through ``engine`` in admission order; its wall seconds and the lengths it produced."""
     runs = []
-    for seed, (n, p, d) in enumerate([WARMUP, *grid]):
-        batch = grid_batch(n, p, d, vocab, seed)
+    for seed, (n, p, d, shared) in enumerate([WARMUP, *grid]):
+        batch = grid_batch(n, p, d, vocab, seed, shared)
         lengths = np.zeros(n, dtype=np.int64)
         index = {rid: i for i, rid in enumerate(batch.request_ids.tolist())}
 
@@ -76,25 +96,28 @@ def run_grid(engine, config: RunConfig, grid: list[tuple[int, int, int]], vocab:
 
         stats = engine.run(requests_from_batch(batch), StaticOrder(np.arange(n)), keep)
         if seed:  # not the warm-up
-            runs.append(Measured(batch, np.maximum(lengths, 1), stats.wall_seconds, f"n={n} p={p} d={d}"))
+            label = f"n={n} p={p} d={d}" + (f" shared={shared}" if shared else "")
+            runs.append(Measured(batch, np.maximum(lengths, 1), stats.wall_seconds, label))
             log.info("calibrate: %s took %.2f s", runs[-1].label, stats.wall_seconds)
         if hasattr(engine, "reset_prefix_cache"):
             engine.reset_prefix_cache()
     return runs
 
 
-def calibrate(config: RunConfig, grid: tuple[tuple[int, int, int], ...] = DEFAULT_GRID) -> tuple[Profile, Fit]:
+def calibrate(config: RunConfig, grid: tuple[Cell, ...] = DEFAULT_GRID) -> tuple[Profile, Fit]:
     """Measure ``grid`` on ``config``'s engine, fit the profile, store it; the profile and the fit."""
     started = time.monotonic()
     key = profile_key(config)
-    model = from_hf_config(config.model_path() / "config.json")
+    model = model_spec_for(config)
     with engine_session(config) as engine:
         runs = run_grid(engine, config, cells(config, grid), model.vocab_size)
         token_budget = getattr(engine, "step_tokens", None) or config.max_model_len
+        block = getattr(engine, "block_size", None)  # the simulator engine (tests) has no blocks of its own
     name = profile_name(key)
     # the KV capacity a real run is replayed with (it reads only the model's KV bytes from the cost model)
     capacity = kv_capacity_for(config, CostModel(model, get_hardware(FALLBACK)))
-    sim = SimConfig(token_budget=int(token_budget), max_running=config.max_num_seqs, kv_capacity_tokens=capacity)
+    sim = SimConfig(token_budget=int(token_budget), max_running=config.max_num_seqs, kv_capacity_tokens=capacity,
+                    block_size=block, attention_flops=True)
     fit = fit_hardware(runs, model, sim, name, mem_bytes=_memory_bytes())
     profile = Profile(
         name=name, key=key, hardware={k: _plain(v) for k, v in asdict(fit.hardware).items()},

@@ -126,6 +126,11 @@ class RunConfig:
 
         return ensure_model_dir()
 
+    @property
+    def engine_dtype(self) -> str:
+        """The engine's weight and KV dtype (``extra[engine]['dtype']``; the engines' default bfloat16)."""
+        return str(self.extra.get(self.engine, {}).get("dtype", "bfloat16"))
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 

@@ -11,9 +11,9 @@ from blendserve import ENGINES
 from blendserve.calibrate import DEFAULT_GRID, TEST_GRID, calibrate
 from blendserve.commands.engine_options import add_engine_arguments, engine_settings
 from blendserve.config import RunConfig
-from blendserve.costmodel.profiles import save_profile
+from blendserve.costmodel.profiles import load_profile, save_profile
 
-GRIDS = ("default", "test")  # the full grid (~1 minute of vLLM-CPU) or a seconds-long one for tests
+GRIDS = ("default", "test")  # the full grid (~2 minutes of vLLM-CPU) or a seconds-long one for tests
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,12 +21,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_engine_arguments(p, engines=tuple(e for e in ENGINES if e != "simulator"))
     p.add_argument("--grid", choices=GRIDS, default="default", help="batches measured")
     p.add_argument("--json", action="store_true", help="print the stored profile as JSON")
+    p.add_argument("--if-missing", action="store_true",
+                   help="do nothing when these settings already have a profile on this machine (make demo)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as scratch:  # the engine needs a RunConfig, which names a db; none is written
         config = RunConfig(run_id="calibrate", input="", db=f"{scratch}/calibrate.duckdb", **engine_settings(args))
+        existing = load_profile(config) if args.if_missing else None
+        if existing is not None:
+            print(f"{existing.name} already calibrates these settings ({existing.fitted_at}); not measured again")
+            return 0
         profile, fit = calibrate(config, DEFAULT_GRID if args.grid == "default" else TEST_GRID)
     path = save_profile(profile)
     if args.json:

@@ -51,12 +51,13 @@ class Fit:
         return float(np.median(np.abs(self.errors)))
 
 
-def device(name: str, model: ModelSpec, x: np.ndarray, overlap: str, mem_bytes: float,
-           token_budget: int | None = None) -> HardwareSpec:
-    """The HardwareSpec of fit units ``x`` = (s per token, s per GB, s per step) for ``model``."""
+def device(name: str, model: ModelSpec, x: np.ndarray, overlap: str, mem_bytes: float, sim) -> HardwareSpec:  # type: ignore[no-untyped-def]
+    """The HardwareSpec of fit units ``x`` = (s per token, s per GB, s per step) for ``model``, keeping the
+    token budget, KV block and attention costing the engine was measured and fitted with (``sim``: its SimConfig)."""
     return HardwareSpec(name, peak_flops=float(2.0 * model.num_params / x[0]), mem_bandwidth=float(GB / x[1]),
                         mem_bytes=mem_bytes, efficiency_source="calibrated on this machine (blendserve calibrate)",
-                        step_overhead=float(x[2]), overlap=overlap, token_budget=token_budget)
+                        step_overhead=float(x[2]), overlap=overlap, token_budget=sim.token_budget,
+                        block_size=sim.block_size, attention_flops=bool(sim.attention_flops))
 
 
 def simulated_seconds(runs: list[Measured], cost: CostModel, sim) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -68,21 +69,21 @@ def simulated_seconds(runs: list[Measured], cost: CostModel, sim) -> np.ndarray:
 def fit_hardware(runs: list[Measured], model: ModelSpec, sim, name: str,  # type: ignore[no-untyped-def]
                  mem_bytes: float = 0.0) -> Fit:
     """The device whose simulated batch seconds best match ``runs`` (``sim``: the engine's SimConfig, whose
-    token budget the device keeps: its steps were measured at that budget)."""
+    token budget and KV block the device keeps: its steps were measured at that budget, its hits in those blocks)."""
     from scipy.optimize import least_squares  # heavy, and only calibration needs it
 
     measured = np.array([r.seconds for r in runs], dtype=np.float64)
     best: Fit | None = None
     for overlap in ("max", "sum"):
         def residuals(log_x: np.ndarray) -> np.ndarray:
-            hw = device(name, model, np.exp(log_x), overlap, mem_bytes, sim.token_budget)
+            hw = device(name, model, np.exp(log_x), overlap, mem_bytes, sim)
             return simulated_seconds(runs, CostModel(model, hw), sim) / measured - 1.0
 
         for start in STARTS:
             # log units keep every constant positive and let one step size fit values 1e-7..1
             result = least_squares(residuals, np.log(start), diff_step=1e-3,
                                    max_nfev=60)
-            hw = device(name, model, np.exp(result.x), overlap, mem_bytes, sim.token_budget)
+            hw = device(name, model, np.exp(result.x), overlap, mem_bytes, sim)
             fit = Fit(hw, simulated_seconds(runs, CostModel(model, hw), sim), measured)
             if best is None or _score(fit) < _score(best):
                 best = fit

@@ -41,6 +41,12 @@ class HardwareSpec:
     # tokens per step of the engine a calibrated profile was measured on (vLLM's max_num_batched_tokens):
     # its steps are only costed right at that budget; None (the catalog GPUs): resource-aware (sim.budget)
     token_budget: int | None = None
+    # KV block in tokens of the engine a calibrated profile was measured on (vLLM-CPU: 128): prefix hits
+    # are whole blocks; None (the catalog GPUs): the simulator's default, vLLM's 16 on GPUs
+    block_size: int | None = None
+    # whether steps count attention's FLOPs (QK^T, AV): a calibrated profile does (on a CPU they are a
+    # tenth or more of a long prompt's prefill); the catalog GPUs do not, as the paper's model
+    attention_flops: bool = False
 
     @property
     def tp_scale(self) -> float:

@@ -24,7 +24,7 @@ class ModelSpec:
     intermediate_size: int
     vocab_size: int
     num_params: float  # parameters every token passes through (the paper's P: the whole model)
-    dtype_bytes: int = 2  # bf16 weights and KV
+    dtype_bytes: int = 2  # bf16 weights and KV (a run in float32: 4, see DTYPE_BYTES)
     max_context: int = 8192
 
     @property
@@ -55,6 +55,10 @@ def count_params(config: dict[str, Any]) -> int:
     embed = config["vocab_size"] * h
     head = 0 if config.get("tie_word_embeddings", False) else embed
     return embed + config["num_hidden_layers"] * layer + h + head
+
+
+# bytes per weight and KV element of the engines' dtype settings ("auto": the checkpoint's, bf16 here)
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "auto": 2, "float32": 4}
 
 
 def from_hf_config(config: dict[str, Any] | str | Path, name: str | None = None) -> ModelSpec:

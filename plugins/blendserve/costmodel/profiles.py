@@ -27,6 +27,9 @@ AUTO = "auto"  # RunConfig.hardware: this config's calibrated profile, else FALL
 FALLBACK = "a100-80g"  # what an uncalibrated machine is costed on (nominal: the order depends on density ratios)
 PREFIX = "calibrated-"  # names of calibrated profiles: PREFIX + engine + key digest
 CHOICES = (AUTO, *HARDWARE)  # what the DAG form and the CLI offer (a calibrated profile's name works too)
+# what a profile's fit assumes of the engine; a profile fitted under an older one is not reused.
+# 2: KV bytes at the run's dtype, attention FLOPs counted, and the engine's KV block size kept in the profile
+FIT_VERSION = 2
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")  # files whose size and mtime stand for the weights
 
 
@@ -82,11 +85,11 @@ def model_fingerprint(folder: Path) -> dict:
 
 def profile_key(config) -> dict:  # type: ignore[no-untyped-def]  # a RunConfig (imported lazily: config imports us)
     """Everything that changes an engine step's cost for ``config``."""
-    options = dict(config.extra.get(config.engine, {}))
+    options = {k: v for k, v in config.extra.get(config.engine, {}).items() if k != "dtype"}
     return {
         "engine": config.engine,
         "model": model_fingerprint(config.model_path()),
-        "dtype": options.pop("dtype", "bfloat16"),
+        "dtype": config.engine_dtype,
         "engine_options": sorted((k, repr(v)) for k, v in options.items()),
         "max_model_len": config.max_model_len,
         "max_num_seqs": config.max_num_seqs,
@@ -94,6 +97,7 @@ def profile_key(config) -> dict:  # type: ignore[no-untyped-def]  # a RunConfig 
         "enforce_eager": config.enforce_eager,
         "cpu_threads": config.cpu_threads or os.cpu_count(),
         "host": host(),
+        "fit_version": FIT_VERSION,
     }
 
 

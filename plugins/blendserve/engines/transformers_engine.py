@@ -78,6 +78,7 @@ class TransformersEngine:
         self.max_num_seqs = config.max_num_seqs
         self.max_model_len = min(config.max_model_len, getattr(text, "max_position_embeddings", config.max_model_len))
         self.kv_total_tokens = num_blocks * page_size
+        self.block_size = page_size
         self.interval_s = float(config.extra.get("stats_interval_s", 0.25))
         eos = self.model.generation_config.eos_token_id
         eos = eos if eos is not None else text.eos_token_id

@@ -169,6 +169,7 @@ class VllmEngine:
         manager.stat_loggers.append(_stats_recorder(self.latest))
         cache = self.llm.llm_engine.vllm_config.cache_config
         self.kv_total_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+        self.block_size = int(cache.block_size)  # prefix hits are whole blocks: 16 on a GPU, 128 on a CPU
         self.step_tokens = int(self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
         log.info("vLLM engine ready in %.1f s, KV %d tokens%s", time.monotonic() - started, self.kv_total_tokens,
                  ", engine core in this process" if self.in_process else "")

@@ -10,7 +10,7 @@ their shard's requests when it runs: ``pipeline.shard``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ from blendserve import files
 from blendserve.batch import RequestBatch, read_batch
 from blendserve.config import RunConfig
 from blendserve.costmodel import CostModel
-from blendserve.costmodel.model_spec import from_hf_config
+from blendserve.costmodel.model_spec import DTYPE_BYTES, ModelSpec, from_hf_config
 from blendserve.costmodel.profiles import resolve_hardware
 from blendserve.engines.sim_engine import simulator_setup
 from blendserve.planner.estimates import default_output_estimates
@@ -191,7 +191,13 @@ def cost_model_for(config: RunConfig) -> CostModel:
     the order depends on density ratios, which any profile scales alike), or the named one."""
     if config.engine == "simulator":
         return simulator_setup(config)[0]
-    return CostModel(from_hf_config(config.model_path() / "config.json"), resolve_hardware(config)[0])
+    return CostModel(model_spec_for(config), resolve_hardware(config)[0])
+
+
+def model_spec_for(config: RunConfig) -> ModelSpec:
+    """The model's shapes, at the dtype the engine runs it in: a float32 run holds half the KV tokens."""
+    spec = from_hf_config(config.model_path() / "config.json")
+    return replace(spec, dtype_bytes=DTYPE_BYTES.get(config.engine_dtype, spec.dtype_bytes))
 
 
 def kv_capacity_for(config: RunConfig, cost: CostModel) -> int:

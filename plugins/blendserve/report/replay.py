@@ -17,7 +17,8 @@ import numpy as np
 from blendserve.config import RunConfig
 from blendserve.costmodel.profiles import resolved_profile
 from blendserve.pipeline import database, parts
-from blendserve.pipeline.plan import load_inputs
+from blendserve.batch import RequestBatch
+from blendserve.pipeline.plan import Inputs, load_inputs
 from blendserve.report.explain import sim_config_for, stored_plan
 from blendserve.scheduling.admission import StaticOrder
 from blendserve.sim import simulate
@@ -37,24 +38,33 @@ def replay_applies(config: RunConfig) -> bool:
 def replay_seconds(config: RunConfig) -> list[float]:
     """Simulated seconds of each shard's admitted order with its true output lengths."""
     inputs = load_inputs(config)
+    sim = sim_config_for(config, inputs.kv_capacity)
+    return [simulate(batch, outputs, inputs.cost, StaticOrder(np.arange(len(batch))), sim).total_time
+            for batch, outputs in replayed_shards(config, inputs)]
+
+
+def replayed_shards(config: RunConfig, inputs: Inputs | None = None) -> list[tuple[RequestBatch, np.ndarray]]:
+    """Each shard's requests the engine ran, in the order it admitted them, and their true output lengths."""
+    inputs = inputs or load_inputs(config)
     batch = inputs.batch
     _, positions = stored_plan(config, batch)
     with database.connect(config.db, read_only=True) as con:
-        lengths = dict(con.execute("SELECT request_id, num_output_tokens FROM outputs WHERE run_id = ?"
-                                   " AND status = 'ok'", [config.run_id]).fetchall())
-    sim = sim_config_for(config, inputs.kv_capacity)
+        # only the requests the engine ran: a duplicate holds its twin's position and a copy of its answer
+        lengths = dict(con.execute("SELECT o.request_id, o.num_output_tokens FROM outputs o JOIN plan p"
+                                   " ON o.run_id = p.run_id AND o.request_id = p.request_id"
+                                   " WHERE o.run_id = ? AND o.status = 'ok' AND p.answered_by = p.request_id",
+                                   [config.run_id]).fetchall())
     by_shard: dict[int, list[tuple[int, int]]] = {}
     for b, request_id in enumerate(batch.request_ids.tolist()):
-        if request_id in positions and request_id in lengths:  # ran (twins have no position), and answered
+        if request_id in positions and request_id in lengths:  # ran, and answered
             shard, position = positions[request_id]
             by_shard.setdefault(shard, []).append((position, b))
-    seconds = []
+    shards = []
     for _, rows in sorted(by_shard.items()):
         order = np.array([b for _, b in sorted(rows)], dtype=np.int64)
         outputs = np.array([max(int(lengths[r] or 0), 1) for r in batch.request_ids[order].tolist()])
-        result = simulate(batch.take(order), outputs, inputs.cost, StaticOrder(np.arange(len(order))), sim)
-        seconds.append(result.total_time)
-    return seconds
+        shards.append((batch.take(order), outputs))
+    return shards
 
 
 def measured_shard_seconds(config: RunConfig) -> float:

@@ -1,4 +1,5 @@
-"""The engine's per-step token budget: configured, or resource-aware from the cost model.
+"""The engine's per-step token budget, KV block and attention costing: configured, the calibrated engine's,
+or defaults.
 
 A throughput-tuned engine (NanoFlow, Sarathi-Serve's chunk sizing) picks the
 prefill chunk so that a step's compute roughly matches its memory traffic:
@@ -16,8 +17,19 @@ from typing import Protocol
 from blendserve.costmodel import CostModel, balanced_token_budget
 
 
+DEFAULT_BLOCK_SIZE = 16  # vLLM's KV block on GPUs
+
+
 class HasTokenBudget(Protocol):
     token_budget: int | None  # tokens per step; None: resource-aware
+
+
+class HasBlockSize(Protocol):
+    block_size: int | None  # KV block in tokens; None: the calibrated engine's, else DEFAULT_BLOCK_SIZE
+
+
+class HasAttentionFlops(Protocol):
+    attention_flops: bool | None  # count attention FLOPs; None: as the hardware was fitted
 
 
 def token_budget(cost_model: CostModel, config: HasTokenBudget, capacity: int) -> int:
@@ -28,3 +40,16 @@ def token_budget(cost_model: CostModel, config: HasTokenBudget, capacity: int) -
     if cost_model.hardware.token_budget is not None:
         return int(cost_model.hardware.token_budget)
     return balanced_token_budget(cost_model, capacity)
+
+
+def block_size(cost_model: CostModel, config: HasBlockSize) -> int:
+    """The KV block prefix hits are counted in: the configured one, else the calibrated engine's
+    (``HardwareSpec.block_size``: vLLM-CPU's 128 would hit 8x coarser than a GPU's 16), else 16."""
+    if config.block_size is not None:
+        return int(config.block_size)
+    return int(cost_model.hardware.block_size or DEFAULT_BLOCK_SIZE)
+
+
+def counts_attention(cost_model: CostModel, config: HasAttentionFlops) -> bool:
+    """Whether steps count attention's FLOPs: as configured, else as the hardware was fitted."""
+    return cost_model.hardware.attention_flops if config.attention_flops is None else bool(config.attention_flops)

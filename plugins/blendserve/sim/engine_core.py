@@ -16,7 +16,7 @@ import numpy as np
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.scheduling.admission import AdmissionController, EngineState
-from blendserve.sim.budget import token_budget
+from blendserve.sim.budget import block_size, counts_attention, token_budget
 from blendserve.sim.radix_cache import RadixCache, RadixNode
 from blendserve.sim.timeline import Timeline, sum_linear_steps
 
@@ -46,6 +46,7 @@ class EngineCore:
         self.batch, self.outputs, self.controller, self.config = batch, outputs, controller, config
         self.capacity = capacity
         self.token_budget = token_budget(cost_model, config, capacity)  # resolved once: config or resource-aware
+        self.block_size = block_size(cost_model, config)
         self.prompt_lens = batch.prompt_lens
         self.tree = RadixCache() if config.prefix_cache else None
         self.running: dict[int, Seq] = {}  # by request index, in start order (newest last)
@@ -64,7 +65,7 @@ class EngineCore:
         self.timeline = Timeline()
         self.per_token_comp = float(cost_model.comp_time(1))
         self.per_kv_read = float(cost_model.kv_read_time(1))
-        self.per_attn = float(cost_model.attention_comp_time(1, 1)) if config.attention_flops else 0.0
+        self.per_attn = float(cost_model.attention_comp_time(1, 1)) if counts_attention(cost_model, config) else 0.0
         self.weight_read = cost_model.weight_read_time
         self.overhead = cost_model.hardware.step_overhead  # seconds each step pays beyond compute and memory
         self.overlap = step_overlap(cost_model, config)
@@ -147,7 +148,7 @@ class EngineCore:
             if self.tree:
                 tokens = self.batch.prompt(seq.idx)
                 # at least the last token is computed, for its logits (vLLM's max_cache_hit_length)
-                hit, node = self.tree.match_prefix(tokens, min(seq.p, total - 1), self.config.block_size)
+                hit, node = self.tree.match_prefix(tokens, min(seq.p, total - 1), self.block_size)
                 self.tree.lock(node)
             if not self._ensure(total - hit):  # room for the whole prompt, allocated chunk by chunk
                 if node is not None:
@@ -188,7 +189,7 @@ class EngineCore:
         same step already hits them; waiting for the prefill to finish would
         make siblings admitted together all miss.
         """
-        n = seq.p if seq.ctx >= seq.p else seq.ctx - seq.ctx % self.config.block_size
+        n = seq.p if seq.ctx >= seq.p else seq.ctx - seq.ctx % self.block_size
         if n <= seq.locked:
             return
         _, node = self.tree.insert(self.batch.prompt(seq.idx)[:n])

@@ -44,9 +44,11 @@ class SimConfig:
     reserve_bytes: float = 2 * GIB  # per device: activations, CUDA graphs, allocator slack
     kv_capacity_tokens: int | None = None  # override the KV capacity computed from memory
     overlap: str | None = None  # f of a step: "max" (compute and memory overlap), "sum"; None: the hardware's
-    attention_flops: bool = False  # add attention FLOPs (QK^T, AV) to each step's compute
+    attention_flops: bool | None = None  # add attention FLOPs (QK^T, AV) to each step's compute; None: the hardware's
     prefix_cache: bool = True  # reuse cached prompt prefixes (radix cache)
-    block_size: int = 16  # KV block in tokens (vLLM's default on GPUs): prefix hits are whole blocks
+    # KV block in tokens: prefix hits are whole blocks; None: the calibrated engine's
+    # (``HardwareSpec.block_size``), else vLLM's default on GPUs (sim.budget.DEFAULT_BLOCK_SIZE)
+    block_size: int | None = None
     progress_first: int = 16  # first output count reported by on_progress (then doubling)
 
 
