@@ -54,7 +54,7 @@ from blendserve.config import RunConfig
 from blendserve.costmodel.profiles import load_profile
 from blendserve.engines.vllm_engine import configure_cpu_env
 from blendserve.model_prep import ensure_model_dir
-from common import REPO, write_result
+from common import REPO, RESULTS, provenance, write_result
 from peer_airflow import LiveAirflow
 
 SYSTEMS = ("run-batch", "run-batch-sorted", "blendserve")  # the default set; "airflow" with --airflow
@@ -360,7 +360,8 @@ def main() -> None:
                 runs = bench_batch(name, files, systems, rounds, s, folder, airflow)
                 summary, same = summarize(runs), agreement(runs)
                 print_table(name, summary, same)
-                result[name] = {**facts, "systems": summary, "identical_vs_run_batch": same,
+                result[name] = {**facts, "systems": summary, "identical_vs_run_batch": same, "rounds": rounds,
+                                "provenance": provenance(),
                                 "runs": [{k: v for k, v in asdict(r).items() if k != "answers"} for r in runs]}
         finally:
             if airflow is not None:
@@ -368,12 +369,27 @@ def main() -> None:
     print(environment())
     if args.out:
         name = "peer" if args.quick else "peer-full"
-        write_result(name, {"settings": {"dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
-                                         "max_model_len": args.max_model_len, "kv_gb": args.kv_gb,
-                                         "max_num_batched_tokens": args.max_num_batched_tokens,
-                                         "locality_kv_gb": args.locality_kv_gb},
-                            "quick": args.quick, "scale": args.scale, "rounds": rounds, "systems": systems,
-                            "environment": environment(), "batches": result})
+        write_result(name, with_earlier(name, {
+            "settings": {"dtype": args.dtype, "max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len,
+                         "kv_gb": args.kv_gb, "max_num_batched_tokens": args.max_num_batched_tokens,
+                         "locality_kv_gb": args.locality_kv_gb},
+            "quick": args.quick, "scale": args.scale, "rounds": rounds, "systems": systems,
+            "environment": environment(), "batches": result}))
+
+
+def with_earlier(name: str, data: dict) -> dict:
+    """``data`` plus the batches that the stored result ``name`` holds and this run did not measure, when it was
+    measured at the same size and settings: a full-size batch takes tens of minutes, so they are run one at a
+    time. Each batch keeps the provenance and rounds of the run that measured it."""
+    path = RESULTS / f"{name}.json"
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    if any(earlier.get(k) != data[k] for k in ("quick", "scale", "settings")):
+        return data
+    batches = {b: {"provenance": earlier["provenance"], "rounds": earlier["rounds"], **v}
+               for b, v in earlier["batches"].items()}
+    batches.update(data["batches"])
+    order = ["mixed", "locality", "duplicates", "large"]
+    return {**data, "batches": dict(sorted(batches.items(), key=lambda kv: order.index(kv[0])))}
 
 
 if __name__ == "__main__":

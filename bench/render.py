@@ -186,7 +186,7 @@ def render() -> str:
         section("Against vllm run-batch, end to end (vLLM-CPU, SmolLM2-135M)", "peer", peer_section,
                 "bench/bench_peer.py --quick --airflow --out"),
         section("Against vllm run-batch at full size", "peer-full", peer_section,
-                "bench/bench_peer.py --rounds 1 --batches mixed --out"),
+                "bench/bench_peer.py --batches <one batch> [--rounds N] --out"),
         included("Against vllm run-batch: where the seconds went", "peer.md"),
         included("Real engine (vLLM-CPU, SmolLM2)", "real_engine.md"),
         included("Warm-up on the real engine", "warmup.md"),

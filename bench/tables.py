@@ -275,7 +275,7 @@ def peer_section(data: dict) -> str:
              f"start, reading, writing included). Same engine settings for all: {st['dtype']}, max_num_seqs "
              f"{st['max_num_seqs']}, max_model_len {st['max_model_len']}, max_num_batched_tokens "
              f"{st.get('max_num_batched_tokens', '-')}, prefix caching, chunked prefill, "
-             f"enforce_eager, seed 0. Medians of {data['rounds']} interleaved round(s) (min .. max). "
+             f"enforce_eager, seed 0. Medians of {_peer_rounds(data)} interleaved round(s) (min .. max). "
              "Speed-up = run-batch wall / blendserve wall (above 1: blendserve faster). tok/s = (prompt + output "
              "tokens of every request) / wall. Prefix hits: run-batch's `usage.prompt_tokens_details.cached_tokens` "
              "over `prompt_tokens`; blendserve's summary `prefix_hit_rate` (the requests it served; duplicates it "
@@ -289,4 +289,23 @@ def peer_section(data: dict) -> str:
     header = ["batch", "system", "wall s", "tok/s", "prefix hits", "speed-up vs run-batch",
               "speed-up vs run-batch sorted", "identical answers vs run-batch", "blendserve job / inference s",
               "predicted inference s (error)", "errors"]
-    return "\n\n".join(p for p in [intro, table(header, rows), data.get("environment", ""), provenance(data)] if p)
+    return "\n\n".join(p for p in [intro, table(header, rows), data.get("environment", ""), _batch_runs(data),
+                                    provenance(data)] if p)
+
+
+def _peer_rounds(data: dict) -> str:
+    """The rounds, or each batch's where batches were measured by different runs."""
+    rounds = {name: b.get("rounds", data["rounds"]) for name, b in data["batches"].items()}
+    if len(set(rounds.values())) == 1:
+        return str(next(iter(rounds.values())))
+    return ", ".join(f"{n} ({name})" for name, n in rounds.items())
+
+
+def _batch_runs(data: dict) -> str:
+    """Which run measured each batch, when they were not all measured by the run the file's provenance names."""
+    runs = {name: b["provenance"] for name, b in data["batches"].items() if "provenance" in b}
+    same = lambda p: (p["commit"], p["command"]) == (data["provenance"]["commit"], data["provenance"]["command"])  # noqa: E731
+    if all(same(p) for p in runs.values()):
+        return ""
+    return "<sub>Batches measured by different runs: " + "; ".join(
+        f"{name}: blendserve {p['commit']}, {p['date']}, `{p['command']}`" for name, p in runs.items()) + ".</sub>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from blendserve.cli import build_parser
@@ -46,3 +47,30 @@ def test_figures_and_table(monkeypatch) -> None:
     page = tables.peer_section(data)
     assert "| mixed | vllm run-batch | 10.0 (10.0 .. 10.0) |" in page
     assert "| **1.25x** | **1.12x** | 50.0% | 7 / 4 | 5 (+25%) | 0 |" in page  # blendserve over run-batch and over sorted
+
+
+def test_a_full_size_batch_run_alone_joins_the_stored_ones(tmp_path, monkeypatch) -> None:
+    """Full-size batches take tens of minutes each, so they are measured by separate runs: --out keeps the
+    stored batches this run did not measure (same size and settings only), each with the run that measured it."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_peer
+    import tables
+
+    monkeypatch.setattr(bench_peer, "RESULTS", tmp_path)
+    settings = {"dtype": "float32", "max_num_seqs": 32}
+    earlier_run = {"commit": "old", "command": "bench_peer.py --batches mixed --out", "date": "yesterday", "cpu": "c",
+                   "cores": 2, "python": "3", "numpy": "2", "uncommitted": []}
+    (tmp_path / "peer-full.json").write_text(json.dumps({
+        "provenance": earlier_run, "settings": settings, "quick": False, "scale": 1.0, "rounds": 3,
+        "batches": {"mixed": {"requests": 440}, "locality": {"requests": 1}}}))
+    now_run = {**earlier_run, "commit": "new", "command": "bench_peer.py --batches locality --out", "date": "today"}
+    data = {"settings": settings, "quick": False, "scale": 1.0, "rounds": 1,
+            "batches": {"locality": {"requests": 360, "rounds": 1, "provenance": now_run}}}
+    merged = bench_peer.with_earlier("peer-full", data)
+    assert list(merged["batches"]) == ["mixed", "locality"]
+    assert merged["batches"]["locality"]["requests"] == 360  # measured now: replaces the stored one
+    assert merged["batches"]["mixed"] == {"requests": 440, "provenance": earlier_run, "rounds": 3}
+    assert tables._peer_rounds({**merged, "provenance": now_run}) == "3 (mixed), 1 (locality)"
+    assert "mixed: blendserve old" in tables._batch_runs({**merged, "provenance": now_run})
+    other = {**data, "settings": {**settings, "max_num_seqs": 8}}  # other settings: nothing is kept
+    assert list(bench_peer.with_earlier("peer-full", other)["batches"]) == ["locality"]
