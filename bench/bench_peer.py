@@ -57,6 +57,8 @@ from blendserve.model_prep import ensure_model_dir
 from common import REPO, RESULTS, provenance, write_result
 from peer_airflow import LiveAirflow
 
+BATCHES = ("mixed", "locality", "duplicates", "large")  # in every table's order; "large" at full size only
+
 SYSTEMS = ("run-batch", "run-batch-sorted", "blendserve")  # the default set; "airflow" with --airflow
 ALL_SYSTEMS = (*SYSTEMS, "airflow")
 BASELINE = "run-batch"
@@ -343,7 +345,7 @@ def main() -> None:
     args = parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finallies: stop the child, the Airflow
     sizes = (peer_batches.QUICK if args.quick else peer_batches.FULL).scaled(args.scale)
-    every = ["mixed", "locality", "duplicates"] + ([] if args.quick else ["large"])
+    every = [b for b in BATCHES if b != "large" or not args.quick]
     names = args.batches.split(",") if args.batches else every
     rounds = args.rounds or (1 if args.quick else 3)
     systems = args.systems.split(",") if args.systems else list(SYSTEMS) + (["airflow"] if args.airflow else [])
@@ -388,8 +390,7 @@ def with_earlier(name: str, data: dict) -> dict:
     batches = {b: {"provenance": earlier["provenance"], "rounds": earlier["rounds"], **v}
                for b, v in earlier["batches"].items()}
     batches.update(data["batches"])
-    order = ["mixed", "locality", "duplicates", "large"]
-    return {**data, "batches": dict(sorted(batches.items(), key=lambda kv: order.index(kv[0])))}
+    return {**data, "batches": dict(sorted(batches.items(), key=lambda kv: BATCHES.index(kv[0])))}
 
 
 if __name__ == "__main__":
