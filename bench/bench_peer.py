@@ -27,9 +27,10 @@ identical greedy answers against run-batch (joined on custom_id). Systems take t
 batch, in a rotating order, ``--rounds`` rounds; tables give medians (min to max).
 
 Sizes: ``--quick`` (mixed 160, locality 144, duplicates 144 requests, 1 round, no large batch): about
-15 minutes on 2 quiet cores. Full (mixed 440, locality 400, duplicates 450, large 4,400, 3 rounds):
-5 to 7 hours, estimated (the large batch dominates, 25-35 minutes a system a round; ``--rounds 1``: about
-2 hours; ``--airflow`` adds a third).
+15 minutes on 2 quiet cores. Full (mixed 440, locality 400, duplicates 450, large 1,600 requests, 3 rounds):
+about 4 hours (a round of the full mixed batch takes about 11 minutes for two systems, of the large one
+about 45 minutes for three; ``--airflow`` adds a third). Full-size batches are best measured one
+``--batches`` run at a time: ``--out`` keeps the stored ones a run did not measure.
 """
 
 from __future__ import annotations
@@ -357,7 +358,8 @@ def main() -> None:
             for name in names:
                 kv = args.locality_kv_gb if name == "locality" else args.kv_gb
                 s = Settings(args.dtype, args.max_model_len, args.max_num_seqs, kv, args.max_num_batched_tokens)
-                files, facts = prepare(name, sizes, args.seed, s, folder)
+                batch_sizes = peer_batches.LARGE.scaled(args.scale) if name == "large" else sizes
+                files, facts = prepare(name, batch_sizes, args.seed, s, folder)
                 facts["calibration"] = calibrated(s, folder / f"calibrate-{name}.log")
                 runs = bench_batch(name, files, systems, rounds, s, folder, airflow)
                 summary, same = summarize(runs), agreement(runs)

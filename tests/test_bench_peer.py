@@ -74,3 +74,17 @@ def test_a_full_size_batch_run_alone_joins_the_stored_ones(tmp_path, monkeypatch
     assert "mixed: blendserve old" in tables._batch_runs({**merged, "provenance": now_run})
     other = {**data, "settings": {**settings, "max_num_seqs": 8}}  # other settings: nothing is kept
     assert list(bench_peer.with_earlier("peer-full", other)["batches"]) == ["locality"]
+
+
+def test_the_large_batch_is_ten_quick_mixed_batches_of_distinct_requests(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import peer_batches as pb
+
+    rows = pb.build("large", pb.LARGE, seed=0)
+    quick = pb.build("mixed", pb.QUICK, seed=0)
+    kinds = lambda batch: {k: sum(r["custom_id"].startswith(k) for r in batch) for k in ("mmlu", "rewrite", "label")}  # noqa: E731
+    assert kinds(rows) == {k: n * pb.LARGE_FACTOR for k, n in kinds(quick).items()} == {
+        "mmlu": 960, "rewrite": 240, "label": 400}
+    assert len({json.dumps(r["body"]["messages"]) for r in rows}) == len(rows)  # nothing repeats: no free hits
+    assert {r["body"]["max_tokens"] for r in rows if r["custom_id"].startswith("rewrite")} == {pb.QUICK.rewrite_tokens}
+    assert [r["custom_id"] for r in rows] != sorted(r["custom_id"] for r in rows)  # shuffled into one arrival order

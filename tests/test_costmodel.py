@@ -110,3 +110,16 @@ def test_video_density_from_sums_and_the_spread_the_papers_0_05_implies() -> Non
     spread = np.maximum(np.round(np.random.default_rng(1).exponential(d.mean(), len(d))), 1).astype(np.int64)
     spread_density = cost.group_cost(pool.prompt_lens, spread, int(pool.prompt_lens.sum())).density
     assert spread_density == pytest.approx(0.05, rel=0.25)
+
+
+def test_the_planner_sizes_weights_and_kv_at_the_dtype_the_engine_runs() -> None:
+    from blendserve.config import DEFAULT_DTYPE, DTYPES, RunConfig
+    from blendserve.costmodel.model_spec import DTYPE_BYTES
+    from blendserve.pipeline.plan import model_spec_for
+
+    assert set(DTYPE_BYTES) == set(DTYPES)  # every dtype the CLI takes has a width
+    config = lambda **vllm: RunConfig(run_id="r", input="", db="x.duckdb", extra={"vllm": vllm})  # noqa: E731
+    assert config().engine_dtype == DEFAULT_DTYPE
+    bf16, fp32 = model_spec_for(config()), model_spec_for(config(dtype="float32"))
+    assert (bf16.dtype_bytes, fp32.dtype_bytes) == (2, 4)
+    assert fp32.kv_bytes_per_token == 2 * bf16.kv_bytes_per_token  # a float32 run holds half the KV tokens

@@ -19,6 +19,9 @@ from blendserve.files import StoragePath
 from blendserve.model_prep import REPO_ROOT, ensure_model_dir
 from blendserve.scheduling.registry import POLICIES, PUBLIC_POLICIES
 
+DTYPES = ("bfloat16", "float16", "float32", "auto")  # the engines' weight and KV dtypes
+DEFAULT_DTYPE = "bfloat16"  # what an engine runs in when its extra names no dtype
+
 # Run ids name folders, DuckDB rows and export files, and reach DuckDB's read_parquet inside paths:
 # one safe alphabet, no glob characters, no path separators, no leading dot or dash (so never '..').
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -128,8 +131,8 @@ class RunConfig:
 
     @property
     def engine_dtype(self) -> str:
-        """The engine's weight and KV dtype (``extra[engine]['dtype']``; the engines' default bfloat16)."""
-        return str(self.extra.get(self.engine, {}).get("dtype", "bfloat16"))
+        """The engine's weight and KV dtype (``extra[engine]['dtype']``, else ``DEFAULT_DTYPE``)."""
+        return str(self.extra.get(self.engine, {}).get("dtype", DEFAULT_DTYPE))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 
 from blendserve import ENGINES
-from blendserve.config import RunConfig
-
-DTYPES = ("bfloat16", "float16", "float32", "auto")
+from blendserve.config import DEFAULT_DTYPE, DTYPES, RunConfig
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, engines: tuple[str, ...] = ENGINES) -> None:
@@ -19,7 +17,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, engines: tuple[str, ...] = 
                    help="context length; longer prompts are rejected")
     p.add_argument("--kv-cache-gb", type=float, default=defaults.kv_cache_gb, help="KV cache size in GiB")
     p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs, help="engine's running-sequence limit")
-    p.add_argument("--dtype", default="bfloat16", choices=DTYPES,
+    p.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES,
                    help="vLLM weight and activation dtype (RunConfig.extra['vllm']['dtype'])")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="vLLM's token budget per step (default: vLLM's for its LLM class; 4096 on a CPU)")

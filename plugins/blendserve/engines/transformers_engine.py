@@ -67,7 +67,7 @@ class TransformersEngine:
         device = settings.pop("device", "cuda" if torch.cuda.is_available() else "cpu")
         page_size = int(settings.pop("page_size", 32))
         started = time.monotonic()
-        self.model = load_model(config, settings.pop("dtype", "bfloat16"), device)
+        self.model = load_model(config, settings.pop("dtype", config.engine_dtype), device)
         text = self.model.config.get_text_config()
         kv_bytes_per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * (
             getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads) * self.model.dtype.itemsize

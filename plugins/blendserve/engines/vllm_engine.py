@@ -156,7 +156,7 @@ class VllmEngine:
             max_model_len=config.max_model_len,
             max_num_seqs=config.max_num_seqs,
             enforce_eager=config.enforce_eager,
-            dtype=options.pop("dtype", "bfloat16"),
+            dtype=options.pop("dtype", config.engine_dtype),
             seed=0,
             kv_cache_memory_bytes=int(config.kv_cache_gb * (1 << 30)),
             disable_log_stats=False,  # per-step SchedulerStats are only produced with stats on
