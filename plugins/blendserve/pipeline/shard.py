@@ -24,7 +24,7 @@ from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.sampling import Estimates, estimate_table, estimates_from, shard_sample
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
-from blendserve.scheduling.warmup import WarmupController, rest_context
+from blendserve.scheduling.warmup import WarmupController, filler_order, rest_context
 
 
 def learns_lengths(config: RunConfig) -> bool:
@@ -100,7 +100,8 @@ class ShardScheduler:
                 self.inputs.kv_capacity))
         is_sample = np.isin(self.todo_index, self.sampled)
         caps = self.inputs.batch.max_tokens[self.todo_index]
-        self.run = WarmupController(np.flatnonzero(is_sample), np.flatnonzero(~is_sample), self, caps)
+        fillers = filler_order(self.tree, self.todo_index, np.flatnonzero(~is_sample))
+        self.run = WarmupController(np.flatnonzero(is_sample), fillers, self, caps)
         return self.run
 
     def estimate(self, observed: dict[int, float], running: dict[int, int]) -> Estimates:

@@ -40,7 +40,10 @@ def hot_depth(tree: PrefixTree, hot_fraction: float) -> np.ndarray:
     return depth
 
 
-def unit_cuts(tree: PrefixTree, items: ScanItems, keep_sharing: float = 0.995, hot_fraction: float = 0.01,
+HOT_FRACTION = 0.01  # a prefix this share of the leaves hold is reused every few requests: cached in any order
+
+
+def unit_cuts(tree: PrefixTree, items: ScanItems, keep_sharing: float = 0.995, hot_fraction: float = HOT_FRACTION,
               max_unit_kv: float | None = None) -> np.ndarray:
     """(k,) True where a new unit starts: cuts that lose the fewest prefix tokens, within the sharing budget.
 

@@ -4,7 +4,8 @@ Running the sample as a separate phase leaves the engine mostly idle: a 1%
 sample is too small to fill a batch, and the phase lasts as long as its
 longest answer. Here the sampled requests are admitted first and the
 engine's spare room is filled with other requests in a seeded random order
-(a blend, like the ``balance`` policy). The plan does not wait for the
+of whole prefix units (``filler_order``: a blend, like the ``balance``
+policy, that keeps the requests under one cold prefix together). The plan does not wait for the
 sample's longest answers: once every sampled request has finished or run
 past ``LONG_AFTER`` tokens (and past several times the longest finished one),
 or once ``MAX_BEFORE_PLAN`` of the shard has started, those still running
@@ -32,6 +33,7 @@ from blendserve.planner.prefix_tree import PrefixTree
 from blendserve.sampling.estimator import Estimates, draw_outputs, estimates_from
 from blendserve.sampling.strata import censored_length
 from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
+from blendserve.scheduling.blend import HOT_FRACTION, hot_depth
 from blendserve.scheduling.registry import PolicyContext, make_controller
 
 LONG_AFTER = 256  # output tokens after which a sample still running no longer holds the plan back
@@ -71,13 +73,41 @@ def rest_context(batch: RequestBatch, estimates: Estimates, cost_model: CostMode
                          output_draws=tuple(draw_outputs(estimates, DRAWS, seed)))
 
 
+def prefix_units(tree: PrefixTree, hot_fraction: float = HOT_FRACTION) -> np.ndarray:
+    """(m,) per leaf: its prefix unit, a run of neighbouring leaves (LCP order) that share more than a hot prefix.
+
+    A hot prefix (a chat template, a few-shot prefix that ``hot_fraction`` of the leaves share) stays cached
+    under any order; a cold one (a caption that four labelling questions share) only while its requests run
+    close together. Units are ``blend.unit_cuts``' zero-cost cuts: each is under ``hot_fraction`` of the leaves.
+    """
+    hot = hot_depth(tree, hot_fraction)
+    starts = tree.leaf_lcp <= np.minimum(hot, np.roll(hot, 1))
+    starts[:1] = True
+    return np.cumsum(starts) - 1
+
+
+def filler_order(tree: PrefixTree, request_of: np.ndarray, others: np.ndarray, seed: int = 0) -> np.ndarray:
+    """``others`` (controller indices; ``request_of`` maps them to the tree's requests) in the order fillers are
+    admitted: prefix units in a seeded random order, each unit's requests together in leaf order.
+
+    A random order of single requests split a unit's siblings between the fillers and the plan: on a
+    vLLM-CPU batch of 400 caption labels (four questions a caption), a quarter of the job ran as fillers and
+    labels found 47.5% of their prompts cached, against 58.6% when the file was sorted.
+    """
+    others = np.asarray(others, dtype=np.int64)
+    leaf = tree.request_leaf[np.asarray(request_of, dtype=np.int64)[others]]
+    units = prefix_units(tree)
+    key = np.random.default_rng(seed).random(int(units[-1]) + 1 if len(units) else 0)[units[leaf]]
+    return others[np.lexsort((leaf, key))]
+
+
 class WarmupController:
     """Implements ``blendserve.scheduling.admission.AdmissionController`` over the whole batch."""
 
-    def __init__(self, sampled: np.ndarray, others: np.ndarray, planner: RestPlanner, caps: np.ndarray,
-                 seed: int = 0, check_every: int | None = None) -> None:
+    def __init__(self, sampled: np.ndarray, fillers: np.ndarray, planner: RestPlanner, caps: np.ndarray,
+                 check_every: int | None = None) -> None:
         self.sampled = np.asarray(sampled, dtype=np.int64)
-        self.fillers = np.random.default_rng(seed).permutation(np.asarray(others, dtype=np.int64))
+        self.fillers = np.asarray(fillers, dtype=np.int64)  # the other requests, in admission order (filler_order)
         self.planner = planner
         self.caps = np.asarray(caps, dtype=np.int64)  # max_tokens by request index: bounds a censored length
         self.observed: dict[int, int] = {}  # request index -> output tokens, every finished request
@@ -252,4 +282,5 @@ def warmup_controller(
     """
     others = np.setdiff1d(np.arange(len(batch)), sampled)
     planner = BatchPlanner(batch, tree, cost_model, kv_capacity_tokens, policy, seed)
-    return WarmupController(sampled, others, planner, batch.max_tokens, seed)
+    fillers = filler_order(tree, np.arange(len(batch)), others, seed)
+    return WarmupController(sampled, fillers, planner, batch.max_tokens)
