@@ -417,7 +417,8 @@ def test_fillers_keep_each_cold_prefix_unit_together_in_a_random_order_of_units(
     """The warm-up's fillers run before the plan: a random order of single requests split the questions of a
     caption, and the caption had to be prefilled again for each (vLLM-CPU large peer batch, 47.5% of label
     prompt tokens cached against 58.6% in the sorted file)."""
-    from blendserve.scheduling.warmup import filler_order, prefix_units
+    from blendserve.scheduling.blend import prefix_units
+    from blendserve.scheduling.warmup import filler_order
 
     batch, is_caption = _captions_batch()
     tree = build_prefix_tree(batch, COST)

@@ -43,6 +43,25 @@ def hot_depth(tree: PrefixTree, hot_fraction: float) -> np.ndarray:
 HOT_FRACTION = 0.01  # a prefix this share of the leaves hold is reused every few requests: cached in any order
 
 
+def cold_shared(shared: np.ndarray, hot: np.ndarray) -> np.ndarray:
+    """Per neighbour pair (i - 1, i): the prefix tokens they share beyond the hot prefix both hold, which a cut
+    between them loses (0 for the first)."""
+    cost = np.maximum(np.asarray(shared, dtype=np.float64) - np.minimum(hot, np.roll(hot, 1)), 0.0)
+    cost[:1] = 0.0
+    return cost
+
+
+def prefix_units(tree: PrefixTree, hot_fraction: float = HOT_FRACTION) -> np.ndarray:
+    """(m,) per leaf: its prefix unit, a run of neighbouring leaves (LCP order) that share more than a hot prefix.
+
+    A hot prefix (a chat template, a few-shot prefix that ``hot_fraction`` of the leaves share) stays cached
+    under any order; a cold one (a caption that four labelling questions share) only while its requests run
+    close together. Units end at ``unit_cuts``' zero-cost cuts: each is under ``hot_fraction`` of the leaves.
+    """
+    starts = cold_shared(tree.leaf_lcp, hot_depth(tree, hot_fraction)) == 0.0
+    return np.cumsum(starts) - 1
+
+
 def unit_cuts(tree: PrefixTree, items: ScanItems, keep_sharing: float = 0.995, hot_fraction: float = HOT_FRACTION,
               max_unit_kv: float | None = None) -> np.ndarray:
     """(k,) True where a new unit starts: cuts that lose the fewest prefix tokens, within the sharing budget.
@@ -56,8 +75,7 @@ def unit_cuts(tree: PrefixTree, items: ScanItems, keep_sharing: float = 0.995, h
     leaf = tree.request_leaf[items.requests]
     hot = hot_depth(tree, hot_fraction)[leaf]
     shared = items.shared_prompt.astype(np.float64)
-    cost = np.maximum(shared - np.minimum(hot, np.roll(hot, 1)), 0.0)
-    cost[0] = 0.0
+    cost = cold_shared(shared, hot)
     by_cost = np.argsort(cost, kind="stable")
     within = np.cumsum(cost[by_cost]) <= (1.0 - keep_sharing) * float(shared.sum())
     cuts = np.zeros(len(cost), dtype=bool)

@@ -33,7 +33,7 @@ from blendserve.planner.prefix_tree import PrefixTree
 from blendserve.sampling.estimator import Estimates, draw_outputs, estimates_from
 from blendserve.sampling.strata import censored_length
 from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
-from blendserve.scheduling.blend import HOT_FRACTION, hot_depth
+from blendserve.scheduling.blend import prefix_units
 from blendserve.scheduling.registry import PolicyContext, make_controller
 
 LONG_AFTER = 256  # output tokens after which a sample still running no longer holds the plan back
@@ -71,19 +71,6 @@ def rest_context(batch: RequestBatch, estimates: Estimates, cost_model: CostMode
     ``DRAWS`` resamples of the lengths they leave uncertain."""
     return PolicyContext(batch, estimates.mean, cost_model, kv_capacity_tokens, seed, lists_only,
                          output_draws=tuple(draw_outputs(estimates, DRAWS, seed)))
-
-
-def prefix_units(tree: PrefixTree, hot_fraction: float = HOT_FRACTION) -> np.ndarray:
-    """(m,) per leaf: its prefix unit, a run of neighbouring leaves (LCP order) that share more than a hot prefix.
-
-    A hot prefix (a chat template, a few-shot prefix that ``hot_fraction`` of the leaves share) stays cached
-    under any order; a cold one (a caption that four labelling questions share) only while its requests run
-    close together. Units are ``blend.unit_cuts``' zero-cost cuts: each is under ``hot_fraction`` of the leaves.
-    """
-    hot = hot_depth(tree, hot_fraction)
-    starts = tree.leaf_lcp <= np.minimum(hot, np.roll(hot, 1))
-    starts[:1] = True
-    return np.cumsum(starts) - 1
 
 
 def filler_order(tree: PrefixTree, request_of: np.ndarray, others: np.ndarray, seed: int = 0) -> np.ndarray:
