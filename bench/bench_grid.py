@@ -1,6 +1,6 @@
 """The paper's sensitivity grid: speed-up of blendserve over dfs (and over fcfs) on 65 mixes of density x sharing.
 
-    .venv/bin/python bench/bench_grid.py [--requests 40000] [--setup 8b] [--lengths hidden|known] [--out]
+    .venv/bin/python bench/bench_grid.py [--requests 40000] [--setup 8b] [--lengths hidden|known] [--jobs 2] [--out]
 
 Density 0.80 .. 1.40 in steps of 0.05 times sharing 0.05 .. 0.45 in steps of
 0.10, each mix built from ../shared/data (pools loaded once, files written to
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -49,28 +50,35 @@ def cell(density: float, sharing: float, n: int, cost: CostModel, folder: Path, 
             "dfs_opt": dfs["fraction_of_optimum"], "blendserve_opt": blend["fraction_of_optimum"], "max_tokens": cap}
 
 
+def _cell_in_tmp(args: tuple[float, float, int, str, str]) -> dict:
+    """``cell`` in a folder of its own, for a worker process."""
+    density, sharing, n, setup_key, lengths = args
+    with tempfile.TemporaryDirectory() as tmp:
+        return cell(density, sharing, n, SETUPS[setup_key].cost(), Path(tmp), lengths)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=40_000)
     ap.add_argument("--setup", choices=sorted(SETUPS), default="8b")
     ap.add_argument("--lengths", choices=LENGTHS, default="hidden",
                     help="hidden: one round max_tokens, run as a shard (default); known: plan on true lengths")
+    ap.add_argument("--jobs", type=int, default=1, help="cells simulated at once, one process each")
     ap.add_argument("--out", action="store_true", help="write bench/results/grid[-known].json and the heatmap")
     args = ap.parse_args()
     setup = SETUPS[args.setup]
-    cost = setup.cost()
     cells, started = [], time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        for density in DENSITIES:
-            for sharing in SHARINGS:
-                c = cell(density, sharing, args.requests, cost, Path(tmp), args.lengths)
-                cells.append(c)
-                print(f"density {density:.2f} sharing {sharing:.0%}: achieved {c['achieved_density']:.2f} / "
-                      f"{c['achieved_sharing']:.0%}, speed-up {c['speedup']:.3f}x (over fcfs {c['vs_fcfs']:.3f}x, "
-                      f"over balance {c['vs_balance']:.3f}x, chose {c['chose']}), "
-                      f"sharing {c['sharing_vs_dfs']:.1%} of dfs, {c['before_plan']:.0%} before the plan, "
-                      f"max_tokens {c['max_tokens'] or 'per request (known)'} "
-                      f"({time.perf_counter() - started:.0f} s)", flush=True)
+    grid = [(density, sharing, args.requests, args.setup, args.lengths) for density in DENSITIES for sharing in SHARINGS]
+    # Cells are independent and the simulator is deterministic: --jobs changes the wall time only.
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for c in pool.map(_cell_in_tmp, grid):
+            cells.append(c)
+            print(f"density {c['density']:.2f} sharing {c['sharing']:.0%}: achieved {c['achieved_density']:.2f} / "
+                  f"{c['achieved_sharing']:.0%}, speed-up {c['speedup']:.3f}x (over fcfs {c['vs_fcfs']:.3f}x, "
+                  f"over balance {c['vs_balance']:.3f}x, chose {c['chose']}), "
+                  f"sharing {c['sharing_vs_dfs']:.1%} of dfs, {c['before_plan']:.0%} before the plan, "
+                  f"max_tokens {c['max_tokens'] or 'per request (known)'} "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
     speedups = np.array([c["speedup"] for c in cells]).reshape(len(DENSITIES), len(SHARINGS))
     print(f"speed-up over dfs: mean {speedups.mean():.3f}x, min {speedups.min():.3f}x, max {speedups.max():.3f}x")
     over_fcfs = np.array([c["vs_fcfs"] for c in cells])
