@@ -12,7 +12,7 @@ from blendserve.planner.items import ScanItems, ordered_leaves, scan_items
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
 from blendserve.scheduling.admission import StaticOrder
 from blendserve.scheduling.blend import cap_units, hot_depth, spread_keys, unit_cuts
-from blendserve.scheduling.choice import Predictor, subsample
+from blendserve.scheduling.choice import Predictor, pick, subsample
 from synthetic import synthetic_batch
 from blendserve.scheduling.registry import PolicyContext, make_controller
 
@@ -162,6 +162,33 @@ def test_with_draws_each_candidate_is_scored_by_its_mean_over_them() -> None:
     assert choice.predicted_s["items"] == pytest.approx(np.mean(runs))
     assert choice.worst_s["items"] == pytest.approx(max(runs))
     assert choice.name == min(choice.predicted_s, key=choice.predicted_s.get)
+
+
+def test_over_draws_a_blend_is_kept_unless_another_is_faster_on_every_draw() -> None:
+    times = {"deadline-1": (100.0, 110.0, 120.0), "balance": (90.0, 112.0, 115.0), "fcfs": (99.0, 109.0, 119.0)}
+    assert pick(times) == "balance"  # the best mean, though it loses one draw to the blend
+    assert pick(times, prefer={"deadline-1"}) == "fcfs"  # faster than the blend on every draw
+    del times["fcfs"]
+    assert pick(times, prefer={"deadline-1"}) == "deadline-1"
+    # One scenario (lengths known): the fastest, whatever is preferred.
+    assert pick({"deadline-1": (100.0,), "balance": (90.0,)}, prefer={"deadline-1"}) == "balance"
+
+
+def test_blendserve_keeps_the_blends_on_drawn_lengths_unless_beaten_on_every_draw() -> None:
+    batch, estimates, _, _ = _job(600, 8)
+    known = make_controller("blendserve", PolicyContext(batch, estimates, COST, 60_000)).choice  # type: ignore[attr-defined]
+    rng = np.random.default_rng(4)
+    draws = tuple(rng.integers(1, 2 * int(estimates.max()) + 2, size=len(batch)) for _ in range(2))
+    drawn = make_controller("blendserve", PolicyContext(batch, estimates, COST, 60_000,  # type: ignore[attr-defined]
+                                                        output_draws=draws)).choice
+    assert known.name == min(known.predicted_s, key=known.predicted_s.get)
+    assert drawn.scenarios == 2 and all(len(t) == 2 for t in drawn.scenario_s.values())
+    blends = {name for name in drawn.predicted_s if name.startswith(("deadline", "spread"))}
+    best_blend = min(blends, key=drawn.predicted_s.get)
+    if drawn.name in blends:
+        assert drawn.name == best_blend
+    else:  # another candidate replaced the blends only by being faster on both draws
+        assert all(a < b for a, b in zip(drawn.scenario_s[drawn.name], drawn.scenario_s[best_blend]))
 
 
 def test_blendserve_choice_never_reads_true_lengths() -> None:
