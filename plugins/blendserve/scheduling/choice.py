@@ -1,4 +1,4 @@
-"""BlendServe's choice: simulate each candidate admission on the *estimated* lengths, keep the fastest.
+"""BlendServe's choice: simulate each candidate admission on the *estimated* lengths, keep the fastest blend.
 
 No one admission wins every job: the projected dual scan avoids preemptions
 and feeds the compute side where compute decides the end, while a stratified
@@ -6,8 +6,9 @@ blend admitted blindly keeps the KV fuller where memory decides it. The
 planner cannot see true lengths, but it has the cost model, the simulator
 and its own estimates, so ``blendserve`` builds every candidate
 (``first_candidates``, then ``deadline_candidates``) over the same scan items, simulates each on the estimates
-(known lengths exact, the rest the warm-up sampler's means) and runs the one
-predicted fastest. Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
+(known lengths exact, the rest the warm-up sampler's draws) and runs the one
+predicted fastest; on drawn lengths a stratified blend unless another
+candidate is faster on every draw (``pick``). Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
 a random subsample (the same for every candidate); why the sample must be
 that large, and what the choice costs, is measured in docs/PLANNER_NOTES.md
 ("model-predictive choice and the stratified blend").
@@ -140,7 +141,7 @@ class ChosenAdmission(Delegating):
     """The chosen candidate's controller for the whole job, with what the choice saw."""
 
     def __init__(self, controller: AdmissionController, items: ScanItems, choice: Choice) -> None:
-        self.controller = controller  # the candidate predicted fastest, built for the whole job
+        self.controller = controller  # the chosen candidate (``pick``), built for the whole job
         self.items = items  # the job's scan items the candidates were built from
         self.choice = choice  # every candidate's predicted time
 
@@ -198,7 +199,7 @@ def deadline_candidates(items: ScanItems, cuts: np.ndarray, run_steps: float) ->
 
 
 def blendserve(context: PolicyContext) -> AdmissionController:
-    """Layer-wise sort, conditional splitting (99% of DFS sharing kept), then the admission predicted fastest.
+    """Layer-wise sort, conditional splitting (99% of DFS sharing kept), then the admission chosen (``pick``).
 
     Two rounds of simulation on the estimated lengths: ``first_candidates``,
     then the deadline blends timed by the fixed-lead blend's simulated steps
