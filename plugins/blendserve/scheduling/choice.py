@@ -19,7 +19,7 @@ One candidate alone is a policy of its own for benchmarks: ``blendserve[spread]`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Collection
 
 import numpy as np
@@ -49,18 +49,29 @@ SAMPLE_SIZE = 400_000
 @dataclass
 class Choice:
     name: str  # the candidate chosen (``pick``)
-    predicted_s: dict[str, float]  # simulated seconds of every candidate, mean over the scenarios (subsample's)
     sample: int  # requests simulated per candidate
     steps: dict[str, int]  # engine steps of every candidate's simulation (mean over the scenarios)
-    worst_s: dict[str, float] = field(default_factory=dict)  # the slowest scenario of every candidate
-    scenarios: int = 1  # length vectors each candidate was simulated on: the means, or the estimates' draws
-    scenario_s: dict[str, tuple[float, ...]] = field(default_factory=dict)  # every candidate's time per scenario
+    scenario_s: dict[str, tuple[float, ...]]  # every candidate's simulated seconds per scenario (subsample's)
+
+    @property
+    def predicted_s(self) -> dict[str, float]:
+        """Every candidate's mean time over the scenarios."""
+        return {name: float(np.mean(t)) for name, t in self.scenario_s.items()}
+
+    @property
+    def worst_s(self) -> dict[str, float]:
+        """Every candidate's slowest scenario."""
+        return {name: max(t) for name, t in self.scenario_s.items()}
+
+    @property
+    def scenarios(self) -> int:
+        """Length vectors each candidate was simulated on: the means, or the estimates' draws."""
+        return max((len(t) for t in self.scenario_s.values()), default=1)
 
     def merged(self, other: Choice, prefer: Collection[str] = ()) -> Choice:
         """Both rounds' candidates, one chosen from all of them (``pick``)."""
         times = {**self.scenario_s, **other.scenario_s}
-        return Choice(pick(times, prefer), {**self.predicted_s, **other.predicted_s}, self.sample,
-                      {**self.steps, **other.steps}, {**self.worst_s, **other.worst_s}, self.scenarios, times)
+        return Choice(pick(times, prefer), self.sample, {**self.steps, **other.steps}, times)
 
 
 def pick(scenario_s: dict[str, tuple[float, ...]], prefer: Collection[str] = ()) -> str:
@@ -133,8 +144,7 @@ class Predictor:
                     for j in range(self.lengths.shape[1])]
             times[name] = tuple(run.total_time for run in runs)
             steps[name] = int(np.mean([run.steps for run in runs]))
-        return Choice(pick(times, prefer), {name: float(np.mean(t)) for name, t in times.items()}, len(self.batch),
-                      steps, {name: max(t) for name, t in times.items()}, self.lengths.shape[1], times)
+        return Choice(pick(times, prefer), len(self.batch), steps, times)
 
 
 class ChosenAdmission(Delegating):
