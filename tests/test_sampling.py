@@ -119,6 +119,11 @@ def test_a_running_sample_is_drawn_between_its_progress_and_its_cap() -> None:
     # B2, estimated by B (samples 6 and 10), draws either B3's 300 or a length B1's sample may still reach.
     other = draws[:, 8][draws[:, 8] != 300]
     assert len(other) > 50 and other.min() >= 50 and other.max() <= 1000
+    # One unknown length per running sample: every request drawing from it gets the sample's draw, and the
+    # draws climb from its progress towards its cap (independent draws would average out in each draw).
+    from_b1 = draws[:, 8] != 300
+    assert (draws[from_b1, 8] == draws[from_b1, 6]).all()
+    assert (np.diff(draws[:, 6]) >= 0).all() and draws[0, 6] < 60 and draws[-1, 6] > 950
 
 
 def test_no_samples_falls_back_to_max_tokens() -> None:
