@@ -55,7 +55,7 @@ from blendserve.config import RunConfig
 from blendserve.costmodel.profiles import load_profile
 from blendserve.engines.vllm_engine import configure_cpu_env
 from blendserve.model_prep import ensure_model_dir
-from common import REPO, RESULTS, provenance, write_result
+from common import REPO, earlier_result, provenance, write_result
 from peer_airflow import LiveAirflow
 
 BATCHES = ("mixed", "locality", "duplicates", "large")  # in every table's order; "large" at full size only
@@ -385,9 +385,8 @@ def with_earlier(name: str, data: dict) -> dict:
     """``data`` plus the batches that the stored result ``name`` holds and this run did not measure, when it was
     measured at the same size and settings: a full-size batch takes tens of minutes, so they are run one at a
     time. Each batch keeps the provenance and rounds of the run that measured it."""
-    path = RESULTS / f"{name}.json"
-    earlier = json.loads(path.read_text()) if path.exists() else {}
-    if any(earlier.get(k) != data[k] for k in ("quick", "scale", "settings")):
+    earlier = earlier_result(name, data, ("quick", "scale", "settings"))
+    if earlier is None:
         return data
     batches = {b: {"provenance": earlier["provenance"], "rounds": earlier["rounds"], **v}
                for b, v in earlier["batches"].items()}

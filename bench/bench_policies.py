@@ -20,7 +20,11 @@ caps) with the warm-up sampler's estimates and no warm-up time; there
 ``--estimates default`` plans with known lengths else max_tokens instead.
 ``--out`` writes bench/results/policies-<setup>[-known][-<size>].json and two
 PNGs under docs/img/ (fraction of optimum, and sharing per policy as the
-paper's Figure 9).
+paper's Figure 9), after every mix. It keeps the stored mixes a run does not
+measure when they were run with the same setup, size, lengths and policies, so
+the mixes of a 400k table (up to an hour each, lengths hidden, on 2 cores) can
+be run one ``--mixes`` at a time, or an interrupted run resumed; each mix
+carries the provenance of the run that measured it.
 
 ``--mixes rare-0.3 rare-1 shared-sys`` runs the rare-heavy mixes of issue 20
 (``workload.RARE_MIXES``: a few requests with outputs over 8k tokens among
@@ -36,7 +40,9 @@ import time
 from as_shard import run_policies
 from blendserve.sim import SimConfig
 from blendserve.workload import MIXES, RARE_MIXES
-from common import LENGTHS, SETUPS, img_path, lengths_suffix, load_mix, size_suffix, write_result
+from common import (
+    LENGTHS, SETUPS, earlier_result, img_path, lengths_suffix, load_mix, provenance, size_suffix, write_result,
+)
 from plots import policy_bars
 from tables import chose_label, summarize
 
@@ -116,6 +122,7 @@ def main() -> None:
     family = result_family(args.mixes)
     setup, config = SETUPS[args.setup], SimConfig(token_budget=args.token_budget)
     cost = setup.cost()
+    name = f"{family}-{setup.key}{lengths_suffix(args.lengths)}{size_suffix(args.requests)}"
     mixes = []
     for mix in args.mixes:
         batch, built = load_mix(mix, args.requests, setup)
@@ -126,19 +133,38 @@ def main() -> None:
               f"{time.perf_counter() - started:.0f} s wall", end="")
         print_mix(mix, report, args.policies)
         mixes.append({"mix": mix, "achieved": {k: built[k] for k in ("density", "sharing", "counts")},
-                      "max_tokens": cap, **report})
-    summary = summarize(mixes, args.policies)
-    print_summary(summary, PAPER[setup.key] if family == "policies" else None)
-    if args.out:
-        name = f"{family}-{setup.key}{lengths_suffix(args.lengths)}{size_suffix(args.requests)}"
-        label = f"{setup.label}, lengths {args.lengths}"
-        pngs = [policy_bars(mixes, args.policies, metric, label, img_path(f"{name}-{metric}.png")).name
-                for metric in ("fraction_of_optimum", "sharing_vs_dfs")]
-        estimates = "warm-up sample run first (1%), as a shard" if args.lengths == "hidden" else args.estimates
-        write_result(name, {"setup": setup.label, "requests": args.requests, "lengths": args.lengths,
-                            "estimates": estimates, "policies": args.policies, "mixes": mixes, "summary": summary,
-                            "paper": PAPER[setup.key] if family == "policies" else None, "pngs": pngs})
+                      "max_tokens": cap, **report, "provenance": provenance()})
+        if args.out:  # after every mix: a 400k mix takes up to an hour, and an interrupted run keeps the rest
+            write_mixes(name, args, family, mixes)
+    print_summary(summarize(mixes, args.policies), PAPER[setup.key] if family == "policies" else None)
 
+
+# What a stored result must share with a run for the run to keep its other mixes (``with_earlier``).
+SETTINGS = ("setup", "requests", "lengths", "estimates", "policies")
+
+
+def write_mixes(name: str, args: argparse.Namespace, family: str, mixes: list[dict]) -> None:
+    """The result file with ``mixes`` and the stored mixes this run did not measure, its summary and PNGs."""
+    setup = SETUPS[args.setup]
+    estimates = "warm-up sample run first (1%), as a shard" if args.lengths == "hidden" else args.estimates
+    data = with_earlier(name, {"setup": setup.label, "requests": args.requests, "lengths": args.lengths,
+                               "estimates": estimates, "policies": args.policies, "mixes": mixes})
+    label = f"{setup.label}, lengths {args.lengths}"
+    pngs = [policy_bars(data["mixes"], args.policies, metric, label, img_path(f"{name}-{metric}.png")).name
+            for metric in ("fraction_of_optimum", "sharing_vs_dfs")]
+    write_result(name, {**data, "summary": summarize(data["mixes"], args.policies),
+                        "paper": PAPER[setup.key] if family == "policies" else None, "pngs": pngs})
+
+
+def with_earlier(name: str, data: dict) -> dict:
+    """``data`` plus the mixes that the stored result ``name`` holds and this run did not measure, when it was
+    measured with the same ``SETTINGS``: the mixes of a 400k table can then be run one at a time, or resumed.
+    Each mix keeps the provenance of the run that measured it."""
+    earlier = earlier_result(name, data, SETTINGS) or {"mixes": []}
+    measured = {m["mix"] for m in data["mixes"]}
+    kept = [{"provenance": earlier["provenance"], **m} for m in earlier["mixes"] if m["mix"] not in measured]
+    order = [*MIXES, *RARE_MIXES]
+    return {**data, "mixes": sorted(kept + data["mixes"], key=lambda m: order.index(m["mix"]))}
 
 if __name__ == "__main__":
     main()

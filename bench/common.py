@@ -158,6 +158,16 @@ def write_result(name: str, data: dict) -> Path:
     return path
 
 
+def earlier_result(name: str, data: dict, settings: tuple[str, ...]) -> dict | None:
+    """The stored result ``name`` when it was measured with the same ``settings`` as ``data``, else None: the
+    benches whose parts take hours (a 400k mix, a full-size peer batch) keep the parts a run did not measure."""
+    path = RESULTS / f"{name}.json"
+    earlier = json.loads(path.read_text()) if path.exists() else None
+    if earlier is None or any(earlier.get(k) != data[k] for k in settings):
+        return None
+    return earlier
+
+
 def _plain(value: object) -> object:
     """numpy scalars and arrays as JSON."""
     if isinstance(value, np.generic):

@@ -92,9 +92,10 @@ def policies_section(data: dict) -> str:
              f"on each mix ({' or '.join(s['best_other'])} here): {s['vs_best_other']:.2f}x on average, {s['vs_best_baseline']:.2f}x on "
              "the worst mix.")
     figures = "\n\n".join(image(name, name.removesuffix(".png")) for name in data["pngs"])
-    return "\n\n".join([intro, tput, "Per policy: fraction of optimum / speed-up over dfs / prefix sharing "
-                        "(cache-hit tokens) relative to dfs:", ratio, means + _before_plan(mixes), figures,
-                        provenance(data)])
+    runs = measured_by(data, {m["mix"]: m for m in mixes}, "Mixes")
+    return "\n\n".join(p for p in [intro, tput, "Per policy: fraction of optimum / speed-up over dfs / prefix "
+                                    "sharing (cache-hit tokens) relative to dfs:", ratio, means + _before_plan(mixes),
+                                    figures, runs, provenance(data)] if p)
 
 
 RARE_NOTE = ("The rare-heavy mixes of issue 20 (`workload.RARE_MIXES`), from the same data: short answers (API "
@@ -289,7 +290,8 @@ def peer_section(data: dict) -> str:
     header = ["batch", "system", "wall s", "tok/s", "prefix hits", "speed-up vs run-batch",
               "speed-up vs run-batch sorted", "identical answers vs run-batch", "blendserve job / inference s",
               "predicted inference s (error)", "errors"]
-    return "\n\n".join(p for p in [intro, table(header, rows), data.get("environment", ""), _batch_runs(data),
+    return "\n\n".join(p for p in [intro, table(header, rows), data.get("environment", ""),
+                                    measured_by(data, data["batches"], "Batches"),
                                     provenance(data)] if p)
 
 
@@ -301,11 +303,12 @@ def _peer_rounds(data: dict) -> str:
     return ", ".join(f"{n} ({name})" for name, n in rounds.items())
 
 
-def _batch_runs(data: dict) -> str:
-    """Which run measured each batch, when they were not all measured by the run the file's provenance names."""
-    runs = {name: b["provenance"] for name, b in data["batches"].items() if "provenance" in b}
+def measured_by(data: dict, entries: dict[str, dict], what: str) -> str:
+    """Which run measured each of ``entries`` (``what``: "Batches", "Mixes"), when they were not all measured by
+    the run the file's provenance names (benches that keep the parts a run did not measure)."""
+    runs = {name: e["provenance"] for name, e in entries.items() if "provenance" in e}
     same = lambda p: (p["commit"], p["command"]) == (data["provenance"]["commit"], data["provenance"]["command"])  # noqa: E731
     if all(same(p) for p in runs.values()):
         return ""
-    return "<sub>Batches measured by different runs: " + "; ".join(
+    return f"<sub>{what} measured by different runs: " + "; ".join(
         f"{name}: blendserve {p['commit']}, {p['date']}, `{p['command']}`" for name, p in runs.items()) + ".</sub>"

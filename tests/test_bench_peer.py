@@ -54,9 +54,10 @@ def test_a_full_size_batch_run_alone_joins_the_stored_ones(tmp_path, monkeypatch
     stored batches this run did not measure (same size and settings only), each with the run that measured it."""
     monkeypatch.syspath_prepend(str(BENCH))
     import bench_peer
+    import common
     import tables
 
-    monkeypatch.setattr(bench_peer, "RESULTS", tmp_path)
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
     settings = {"dtype": "float32", "max_num_seqs": 32}
     earlier_run = {"commit": "old", "command": "bench_peer.py --batches mixed --out", "date": "yesterday", "cpu": "c",
                    "cores": 2, "python": "3", "numpy": "2", "uncommitted": []}
@@ -71,7 +72,7 @@ def test_a_full_size_batch_run_alone_joins_the_stored_ones(tmp_path, monkeypatch
     assert merged["batches"]["locality"]["requests"] == 360  # measured now: replaces the stored one
     assert merged["batches"]["mixed"] == {"requests": 440, "provenance": earlier_run, "rounds": 3}
     assert tables._peer_rounds({**merged, "provenance": now_run}) == "3 (mixed), 1 (locality)"
-    assert "mixed: blendserve old" in tables._batch_runs({**merged, "provenance": now_run})
+    assert "mixed: blendserve old" in tables.measured_by({**merged, "provenance": now_run}, merged["batches"], "Batches")
     other = {**data, "settings": {**settings, "max_num_seqs": 8}}  # other settings: nothing is kept
     assert list(bench_peer.with_earlier("peer-full", other)["batches"]) == ["locality"]
 
