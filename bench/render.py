@@ -104,7 +104,8 @@ def headline(results: list[tuple[dict | None, dict | None, str]], grid: dict | N
         label = f"{setup}, {(hidden or upper)['requests'] // 1000}k requests"
         if hidden is not None and upper is not None:
             upper, missing = _same_mixes(hidden, upper)
-            label += f"; {', '.join(missing)} not run yet with lengths hidden" if missing else ""
+            label += f"; the {len(upper['mixes'])} of {len(upper['mixes']) + len(missing)} mixes run so far" \
+                if missing else ""
         rows += _headline_rows(label, *(_summary(d) for d in (hidden, upper)), (hidden or upper)["paper"])
     if grid is not None or grid_known is not None:
         rows.append(f"| sensitivity grid: blendserve over dfs, mean (min .. max) of the mixes | +20.84% on average "
