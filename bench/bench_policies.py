@@ -166,5 +166,6 @@ def with_earlier(name: str, data: dict) -> dict:
     order = [*MIXES, *RARE_MIXES]
     return {**data, "mixes": sorted(kept + data["mixes"], key=lambda m: order.index(m["mix"]))}
 
+
 if __name__ == "__main__":
     main()
