@@ -208,14 +208,24 @@ def deadline_candidates(items: ScanItems, cuts: np.ndarray, run_steps: float) ->
             for factor in DEADLINES}
 
 
-def blendserve(context: PolicyContext) -> AdmissionController:
+@dataclass
+class Choosing:
+    """What ``choose`` built and decided, for the run and for whoever looks into the choice (bench_choice.py)."""
+
+    items: ScanItems  # the job's scan items every candidate orders
+    candidates: dict[str, Candidate]  # both rounds' candidates by name
+    predictor: Predictor  # the simulations they were scored by (its subsample, its scenarios)
+    choice: Choice  # every candidate's simulated times and the one chosen
+
+
+def choose(context: PolicyContext) -> Choosing:
     """Layer-wise sort, conditional splitting (99% of DFS sharing kept), then the admission chosen (``pick``).
 
     Two rounds of simulation on the estimated lengths: ``first_candidates``,
     then the deadline blends timed by the fixed-lead blend's simulated steps
     (scaled to the job when a subsample stood for it). On estimated lengths
     (draws), the blends are chosen unless another candidate is faster on every
-    draw (``pick``). The chosen one is built afresh for the whole job.
+    draw (``pick``).
     """
     tree = prefix_tree(context)
     items = blend_items(context, tree=tree)
@@ -227,8 +237,14 @@ def blendserve(context: PolicyContext) -> AdmissionController:
     run_steps = choice.steps[SPREAD] * len(items.requests) / max(choice.sample, 1)
     deadline = deadline_candidates(items, cuts, run_steps)
     choice = choice.merged(predictor.choose(deadline), prefer={SPREAD, *deadline})
-    chosen = {**candidates, **deadline}[choice.name]
-    return ChosenAdmission(chosen(items, np.arange(len(items.requests))), items, choice)
+    return Choosing(items, {**candidates, **deadline}, predictor, choice)
+
+
+def blendserve(context: PolicyContext) -> AdmissionController:
+    """The admission ``choose`` picks, built afresh for the whole job."""
+    made = choose(context)
+    chosen = made.candidates[made.choice.name](made.items, np.arange(len(made.items.requests)))
+    return ChosenAdmission(chosen, made.items, made.choice)
 
 
 def blendserve_nosplit(context: PolicyContext) -> AdmissionController:

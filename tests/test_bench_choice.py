@@ -1,0 +1,44 @@
+"""bench_choice: the choice a shard makes, each candidate's draws beside its time on the true lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from blendserve.costmodel import CostModel, get_hardware, get_model
+from blendserve.scheduling.admission import StaticOrder
+from blendserve.sim.compare import true_outputs
+from blendserve.sim.simulator import SimConfig, kv_capacity_tokens, simulate
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
+
+
+def test_the_pick_and_its_draws_are_the_shards_and_the_truth_is_simulated_on_the_rest(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_choice
+    from as_shard import planned, simulate_as_shard
+    from common import hide_lengths
+    from synthetic import synthetic_batch
+
+    batch, _ = hide_lengths(synthetic_batch(900, mean_prompt=120, family_size=40, memory_heavy_fraction=0.3,
+                                            seed=5))
+    outputs = true_outputs(batch)
+    config = SimConfig()
+    point, when = bench_choice.run_to_plan(batch, outputs, COST, config)
+    picked, times = bench_choice.candidate_times(point, outputs)
+
+    # What a shard running blendserve chose, on the same warm-up: the same pick, the same draws.
+    _, controller = simulate_as_shard(batch, outputs, COST, config, "blendserve")
+    made = planned(controller).choice
+    assert picked == made.name
+    assert {name: t["draws"] for name, t in times.items()} == {n: list(t) for n, t in made.scenario_s.items()}
+    # Every request either started before the plan or is in the rest it planned.
+    assert when["started"] + len(point.rest) == len(batch) and when["clock_s"] > 0
+    # The truth column: the candidate's list run on the rest's true lengths (fcfs: the rest in its order).
+    direct = simulate(batch.take(point.rest), outputs[point.rest], COST, StaticOrder(np.arange(len(point.rest))),
+                      SimConfig(kv_capacity_tokens=kv_capacity_tokens(COST, config)))
+    assert times["fcfs"]["truth"] == pytest.approx(direct.total_time)
+    assert any(t["truth"] != t["means"] for t in times.values())
