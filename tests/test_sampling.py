@@ -440,3 +440,33 @@ def test_fillers_keep_each_cold_prefix_unit_together_in_a_random_order_of_units(
         early = is_caption[order[: len(order) // 4]].mean()
         assert 0.35 < early < 0.75  # a blend: the first quarter holds both kinds near their share (0.55)
     assert orders[0].tolist() != orders[1].tolist()  # seeded
+
+
+@pytest.mark.parametrize("progress, planned", [(2048, False), (4096, True)])
+def test_a_finished_long_sample_does_not_hold_the_plan_until_the_other_long_ones_end(progress, planned) -> None:
+    """One long answer finished at 9,000 tokens: the others count as long once past LONG_ENOUGH, not only
+    once past LONG_FACTOR x 9,000 (beyond the cap: when they end)."""
+    from blendserve.scheduling.admission import StaticOrder
+    from blendserve.scheduling.warmup import LONG_ENOUGH, WarmupController
+
+    class Planner:
+        def __init__(self) -> None:
+            self.calls: list[dict[int, float]] = []  # the evidence of every estimate made
+
+        def estimate(self, observed, running):  # type: ignore[no-untyped-def]
+            self.calls.append(dict(observed))
+            return None
+
+        def plan(self, rest, estimates, lists_only):  # type: ignore[no-untyped-def]
+            return StaticOrder(np.arange(len(rest)))
+
+    planner = Planner()
+    controller = WarmupController(np.array([0, 1, 2]), np.arange(3, 40), planner, np.full(40, 32_768))
+    state = EngineState(running=0, waiting=0, kv_used_tokens=0, kv_total_tokens=450_000)
+    assert [controller.next_request(state) for _ in range(3)] == [0, 1, 2]
+    controller.on_finish(0, 9_000)
+    controller.on_progress(1, progress)
+    controller.on_progress(2, progress)
+    controller.next_request(state)
+    assert (controller.inner is not None) is planned
+    assert progress < LONG_ENOUGH or planner.calls[-1][1] > 9_000  # counted at its expected length, not 4,096
