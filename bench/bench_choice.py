@@ -15,8 +15,8 @@ these rows: its candidate's truth against the fastest candidate's.
 
 The truth column leaves out the warm-up's work in flight; on the 8B 400k
 shared-sys mix, admitting that work first moved every candidate by 95-133 s
-of about 62,500 and kept their order (docs/PLANNER_NOTES.md, 2026-12-02,
-last section).
+of about 62,500 and kept their order (docs/PLANNER_NOTES.md, "2026-12-02
+(late)").
 """
 
 from __future__ import annotations
@@ -34,16 +34,13 @@ from blendserve.scheduling import choice
 from blendserve.scheduling.registry import PolicyContext
 from blendserve.sampling import Estimates
 from blendserve.scheduling.admission import AdmissionController
-from blendserve.scheduling.warmup import BatchPlanner, WarmupController, rest_context, warmup_controller
+from blendserve.scheduling.warmup import BatchPlanner, WarmupController, warmup_controller
 from blendserve.sim.compare import true_outputs
 from blendserve.sim.engine_core import EngineCore
 from blendserve.sim.simulator import SimConfig, kv_capacity_tokens
 from blendserve.workload import MIXES, RARE_MIXES
 from as_shard import shard_warmup
 from common import RESULTS, SETUPS, hide_lengths, load_mix, provenance, size_suffix
-
-SCENARIOS = ("draws", "means", "truth")
-
 
 class _Planned(Exception):
     """Raised by ``_StopAtPlan`` once the plan's context exists: the run ends there."""
@@ -57,8 +54,7 @@ class PlanPoint:
 
 class _StopAtPlan(BatchPlanner):
     def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool) -> AdmissionController:
-        self.point = PlanPoint(rest_context(self.batch.take(rest), estimates.take(rest), self.cost_model,
-                                            self.kv_capacity_tokens, self.seed, lists_only), rest)
+        self.point = PlanPoint(self.context(rest, estimates, lists_only), rest)
         raise _Planned
 
 
@@ -85,15 +81,12 @@ def run_to_plan(batch: RequestBatch, outputs: np.ndarray, cost: CostModel, confi
 
 
 def candidate_times(point: PlanPoint, outputs: np.ndarray) -> tuple[str, dict[str, dict]]:
-    """The choice's pick, and every candidate's simulated seconds per scenario (``SCENARIOS``)."""
+    """The choice's pick, and every candidate's simulated seconds on the draws, the means and the truth."""
     ctx = point.context
     made = choice.choose(ctx)
-    # The same candidates, on the same subsample, on the means and on the truth.
-    scenarios = np.stack([ctx.output_estimates, outputs[point.rest]], axis=1).astype(np.int64)
-    predictor = made.predictor
-    predictor.lengths = np.maximum(choice.subsample(ctx.batch, made.items, scenarios, choice.SAMPLE_SIZE,
-                                                    ctx.seed)[2], 1)
-    other = predictor.choose(made.candidates)
+    # The same candidates on the means and on the truth (the same seed: the same subsample as the choice's).
+    other = choice.Predictor(ctx.batch, made.items, ctx.output_estimates, ctx.cost_model, ctx.kv_capacity_tokens,
+                             seed=ctx.seed, draws=(ctx.output_estimates, outputs[point.rest])).choose(made.candidates)
     times = {name: {"draws": list(made.choice.scenario_s[name]), "means": other.scenario_s[name][0],
                     "truth": other.scenario_s[name][1]} for name in made.choice.scenario_s}
     return made.choice.name, times

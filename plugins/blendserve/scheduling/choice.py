@@ -214,7 +214,6 @@ class Choosing:
 
     items: ScanItems  # the job's scan items every candidate orders
     candidates: dict[str, Candidate]  # both rounds' candidates by name
-    predictor: Predictor  # the simulations they were scored by (its subsample, its scenarios)
     choice: Choice  # every candidate's simulated times and the one chosen
 
 
@@ -237,7 +236,7 @@ def choose(context: PolicyContext) -> Choosing:
     run_steps = choice.steps[SPREAD] * len(items.requests) / max(choice.sample, 1)
     deadline = deadline_candidates(items, cuts, run_steps)
     choice = choice.merged(predictor.choose(deadline), prefer={SPREAD, *deadline})
-    return Choosing(items, {**candidates, **deadline}, predictor, choice)
+    return Choosing(items, {**candidates, **deadline}, choice)
 
 
 def blendserve(context: PolicyContext) -> AdmissionController:

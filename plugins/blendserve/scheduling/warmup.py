@@ -252,9 +252,13 @@ class BatchPlanner:
     def estimate(self, observed: dict[int, float], running: dict[int, int]) -> Estimates:
         return estimates_from(self.batch, self.tree, observed, running)
 
+    def context(self, rest: np.ndarray, estimates: Estimates, lists_only: bool) -> PolicyContext:
+        """What ``policy`` plans ``rest`` on (``rest_context``)."""
+        return rest_context(self.batch.take(rest), estimates.take(rest), self.cost_model, self.kv_capacity_tokens,
+                            self.seed, lists_only)
+
     def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool) -> AdmissionController:
-        return make_controller(self.policy, rest_context(self.batch.take(rest), estimates.take(rest), self.cost_model,
-                                                         self.kv_capacity_tokens, self.seed, lists_only))
+        return make_controller(self.policy, self.context(rest, estimates, lists_only))
 
 
 def warmup_controller(
