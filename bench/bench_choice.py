@@ -1,6 +1,6 @@
 """What blendserve's choice saw, beside what happened: every candidate on the draws, the means and the truth.
 
-    .venv/bin/python bench/bench_choice.py --setup 8b --requests 40000 --mixes d1.4-s35 rare-1 [--out]
+    .venv/bin/python bench/bench_choice.py --setup 8b --requests 40000 --mixes d1.4-s35 rare-1 [--seeds 0 1] [--out]
 
 Lengths hidden, as every shard runs (``as_shard``): the warm-up runs in the
 simulator until ``blendserve`` makes its plan, and stops there. Then every
@@ -11,7 +11,10 @@ on the rest's true lengths, each from an empty engine as the choice
 simulates it. ``picked`` is the candidate the choice ran. Also recorded: when
 the plan was made (simulated clock, steps, requests started, preemptions
 so far) and what was in flight then. A pick rule can be judged offline on
-these rows: its candidate's truth against the fastest candidate's.
+these rows: its candidate's truth against the fastest candidate's
+(``choice_rules.py`` scores every rule over the stored rows). The seed is
+the shard's (warm-up sample, subsample, random order); the benchmark
+tables run seed 0, other seeds give the same job another warm-up.
 
 The truth column leaves out the warm-up's work in flight; on the 8B 400k
 shared-sys mix, admitting that work first moved every candidate by 95-133 s
@@ -119,20 +122,22 @@ def main() -> None:
     ap.add_argument("--setup", choices=sorted(SETUPS), default="8b")
     ap.add_argument("--requests", type=int, default=40_000)
     ap.add_argument("--mixes", nargs="+", required=True, choices=[*MIXES, *RARE_MIXES])
-    ap.add_argument("--out", action="store_true", help="add the mixes to bench/results/choice-<setup>-<size>.json")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="the shard's seeds, one run each")
+    ap.add_argument("--out", action="store_true", help="add the runs to bench/results/choice-<setup>-<size>.json")
     args = ap.parse_args()
     setup = SETUPS[args.setup]
     path = RESULTS / f"choice-{setup.key}{size_suffix(args.requests)}.json"
     for mix in args.mixes:
         batch, _ = load_mix(mix, args.requests, setup)
-        started = time.perf_counter()
-        result = diagnose(batch, setup.cost(), SimConfig())
-        print_mix(mix, result)
-        print(f"  ({time.perf_counter() - started:.0f} s wall)")
-        if args.out:
-            stored = json.loads(path.read_text()) if path.exists() else {"setup": setup.label, "mixes": {}}
-            stored["mixes"][mix] = {**result, "provenance": provenance()}
-            path.write_text(json.dumps(stored, indent=1) + "\n")
+        for seed in args.seeds:
+            started = time.perf_counter()
+            result = diagnose(batch, setup.cost(), SimConfig(), seed)
+            print_mix(f"{mix} (seed {seed})", result)
+            print(f"  ({time.perf_counter() - started:.0f} s wall)")
+            if args.out:  # read again: runs side by side add to the same file
+                stored = json.loads(path.read_text()) if path.exists() else {"setup": setup.label, "mixes": {}}
+                stored["mixes"].setdefault(mix, {})[str(seed)] = {**result, "provenance": provenance()}
+                path.write_text(json.dumps(stored, indent=1) + "\n")
 
 
 if __name__ == "__main__":
