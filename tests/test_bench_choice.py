@@ -42,3 +42,10 @@ def test_the_pick_and_its_draws_are_the_shards_and_the_truth_is_simulated_on_the
                       SimConfig(kv_capacity_tokens=kv_capacity_tokens(COST, config)))
     assert times["fcfs"]["truth"] == pytest.approx(direct.total_time)
     assert any(t["truth"] != t["means"] for t in times.values())
+
+    # choice_rules scores the same rule offline from the stored draws: it names the shard's pick.
+    import choice_rules
+    assert choice_rules.RULES[choice_rules.MAIN_RULE](times) == picked
+    fastest = min(times, key=lambda n: times[n]["truth"])
+    assert choice_rules.regret(lambda _: fastest, times) == 1.0
+    assert all(choice_rules.regret(rule, times) >= 1.0 for rule in choice_rules.RULES.values())
