@@ -25,9 +25,6 @@ from common import RESULTS
 Candidates = dict[str, dict]  # a run's candidates: name -> {"draws": [...], "means": s, "truth": s}
 Rule = Callable[[Candidates], str]
 
-BLENDS = {choice.SPREAD, *(f"deadline-{f:g}" for f in choice.DEADLINES)}
-
-
 def _fastest(times: dict[str, float]) -> str:
     return min(times, key=times.get)
 
@@ -55,7 +52,7 @@ def _means_guarded(c: Candidates) -> str:
 MAIN_RULE = "main's `pick` (a blend unless beaten on every draw)"
 RULES: dict[str, Rule] = {
     MAIN_RULE: lambda c: choice.pick(
-        {n: tuple(t["draws"]) for n, t in c.items()}, prefer=BLENDS),
+        {n: tuple(t["draws"]) for n, t in c.items()}, prefer=choice.BLENDS),
     "fastest mean over the draws": lambda c: _fastest({n: float(np.mean(t["draws"])) for n, t in c.items()}),
     "fastest on the means (no draws)": lambda c: _fastest({n: t["means"] for n, t in c.items()}),
     "fastest on the means, unless `fcfs`/`balance` wins every draw": _means_guarded,
@@ -65,7 +62,7 @@ RULES: dict[str, Rule] = {
     "least mean regret over the draws": lambda c: _fastest({n: float(r.mean()) for n, r in _relative(c).items()}),
     "least worst regret over the draws": lambda c: _fastest({n: float(r.max()) for n, r in _relative(c).items()}),
     "always `static`": _constant("static"),
-    "always `deadline-1`": _constant("deadline-1"),
+    "always `deadline-1`": _constant(choice.deadline_name(1.0)),
     "always `fcfs`": _constant("fcfs"),
     "always `balance`": _constant("balance"),
 }
@@ -83,6 +80,11 @@ def load_runs(paths: list[Path]) -> list[tuple[str, Candidates]]:
     return runs
 
 
+def setup_of(label: str) -> str:
+    """The model of a run's label ("8b-20k d1.4-s5 seed 1" -> "8b")."""
+    return label.split()[0].split("-")[0]
+
+
 def regret(rule: Rule, candidates: Candidates) -> float:
     truth = {n: t["truth"] for n, t in candidates.items()}
     return truth[rule(candidates)] / min(truth.values())
@@ -98,13 +100,13 @@ def main() -> None:
         picked = RULES[MAIN_RULE](c)
         print(f"{label:32s} {picked:14s} {_fastest({n: t['truth'] for n, t in c.items()}):18s} "
               f"{regret(lambda _: picked, c):.3f}")
-    setups = sorted({label.split()[0].split("-")[0] for label, _ in runs})
+    setups = sorted({setup_of(label) for label, _ in runs})
     print(f"\n| rule, over {len(runs)} runs | mean regret | worst |"
           + "".join(f" {s} mean / worst |" for s in setups))
     print("|---|---|---|" + "---|" * len(setups))
     for name, rule in RULES.items():
         r = {label: regret(rule, c) for label, c in runs}
-        by_setup = [[v for k, v in r.items() if k.split()[0].split("-")[0] == s] for s in setups]
+        by_setup = [[v for k, v in r.items() if setup_of(k) == s] for s in setups]
         print(f"| {name} | {np.mean(list(r.values())):.3f} | {max(r.values()):.3f} |"
               + "".join(f" {np.mean(v):.3f} / {max(v):.3f} |" for v in by_setup))
 

@@ -163,6 +163,15 @@ SPREAD = f"spread-{SPREAD_LEAD:g}"  # its candidate's name
 # Deadline factors of the deadline candidates (``blend.spread_keys``: a stratum leads by factor x its
 # longest decode / the run's steps).
 DEADLINES = (0.5, 0.8, 1.0)
+
+
+def deadline_name(factor: float) -> str:
+    """The deadline candidate's name for ``factor``."""
+    return f"deadline-{factor:g}"
+
+
+# The stratified blends: what ``pick`` keeps unless another candidate is faster on every draw.
+BLENDS = frozenset({SPREAD, *map(deadline_name, DEADLINES)})
 # Largest estimated peak KV of a memory-heavy unit of the stratified blend, as a share of the KV capacity:
 # about one long video on the paper setups, so repeated long-decode prompts are spread one by one.
 UNIT_KV_SHARE = 0.05
@@ -203,8 +212,8 @@ def first_candidates(context: PolicyContext, items: ScanItems, cuts: np.ndarray)
 
 def deadline_candidates(items: ScanItems, cuts: np.ndarray, run_steps: float) -> dict[str, Candidate]:
     """Stratified blends whose memory-heavy strata end in time for a run of ``run_steps`` steps (no fixed lead)."""
-    return {f"deadline-{factor:g}": _spread_candidate(spread_keys(items, cuts, lead=0.0, run_steps=run_steps,
-                                                                 deadline=factor))
+    return {deadline_name(factor): _spread_candidate(spread_keys(items, cuts, lead=0.0, run_steps=run_steps,
+                                                             deadline=factor))
             for factor in DEADLINES}
 
 
@@ -235,7 +244,7 @@ def choose(context: PolicyContext) -> Choosing:
     choice = predictor.choose(candidates)
     run_steps = choice.steps[SPREAD] * len(items.requests) / max(choice.sample, 1)
     deadline = deadline_candidates(items, cuts, run_steps)
-    choice = choice.merged(predictor.choose(deadline), prefer={SPREAD, *deadline})
+    choice = choice.merged(predictor.choose(deadline), prefer=BLENDS)
     return Choosing(items, {**candidates, **deadline}, choice)
 
 
