@@ -21,7 +21,7 @@ One candidate alone is a policy of its own for benchmarks: ``blendserve[spread]`
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 
@@ -79,10 +79,9 @@ def pick(predicted_s: dict[str, float], draws_s: dict[str, tuple[float, ...]] | 
     draw the estimates allow.
     """
     fastest = min(predicted_s, key=predicted_s.get)
-    draws = draws_s or {}
-    mine = draws.get(fastest, ())
-    beats = [g for g in GUARDS if g != fastest and g in draws and mine
-             and all(a < b for a, b in zip(draws[g], mine))]
+    mine = (draws_s or {}).get(fastest, ())
+    beats = [g for g in GUARDS if g != fastest and g in (draws_s or {}) and mine
+             and all(a < b for a, b in zip(draws_s[g], mine))]  # type: ignore[index]
     return min(beats, key=predicted_s.get) if beats else fastest
 
 
