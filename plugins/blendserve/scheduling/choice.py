@@ -131,12 +131,6 @@ class Predictor:
         return simulate(self.batch, self.lengths[:, scenario], self.cost_model, make(self.items, self.kept),
                         self.config)
 
-    def run_steps(self, make: Candidate) -> int:
-        """``make``'s engine steps, the mean over the draws (the means' when there are none): how long a run
-        of the subsample is."""
-        scenarios = range(1, self.lengths.shape[1]) if self.lengths.shape[1] > 1 else (0,)
-        return int(np.mean([self.run(make, j).steps for j in scenarios]))
-
     def on_means(self, candidates: dict[str, Candidate]) -> Choice:
         """Every candidate simulated on the means; the fastest chosen (no draws yet)."""
         runs = {name: self.run(make, 0) for name, make in candidates.items()}
@@ -237,7 +231,7 @@ def choose(context: PolicyContext) -> Choosing:
 
     Two rounds of simulation on the estimates' means: ``first_candidates``,
     then the deadline blends timed by the fixed-lead blend's simulated steps
-    (``Predictor.run_steps``, scaled to the job when a subsample stood for it). On estimated lengths
+    (scaled to the job when a subsample stood for it). On estimated lengths
     (draws), the fastest is then simulated on every draw beside the input and
     a random order, and gives way to one of them that is faster on every draw
     (``pick``).
@@ -249,9 +243,7 @@ def choose(context: PolicyContext) -> Choosing:
     predictor = Predictor(context.batch, items, context.output_estimates, context.cost_model,
                           context.kv_capacity_tokens, seed=context.seed, draws=context.output_draws)
     first = predictor.on_means(candidates)
-    # Timed on the draws, not the means, which run short: the deadline candidates whose means picked best on
-    # the true lengths (docs/PLANNER_NOTES.md, "2026-12-03") were timed this way.
-    run_steps = predictor.run_steps(candidates[SPREAD]) * len(items.requests) / max(first.sample, 1)
+    run_steps = first.steps[SPREAD] * len(items.requests) / max(first.sample, 1)
     deadline = deadline_candidates(items, cuts, run_steps)
     candidates = {**candidates, **deadline}
     choice = predictor.guard(first.merged(predictor.on_means(deadline)), candidates)
