@@ -87,15 +87,11 @@ def candidate_times(point: PlanPoint, outputs: np.ndarray) -> tuple[str, dict[st
     """The choice's pick, and every candidate's simulated seconds on the draws, the means and the truth."""
     ctx = point.context
     made = choice.choose(ctx)
-    # Every candidate on every draw (the choice simulates only its pick and the guards there) and on the truth:
-    # the same seed, so the same subsample as the choice's.
-    predictor = choice.Predictor(ctx.batch, made.items, ctx.output_estimates, ctx.cost_model,
-                                 ctx.kv_capacity_tokens, seed=ctx.seed, draws=(*ctx.output_draws, outputs[point.rest]))
-    truth = predictor.lengths.shape[1] - 1
-    times = {}
-    for name, make in made.candidates.items():
-        seconds = [predictor.run(make, j).total_time for j in range(1, truth + 1)]
-        times[name] = {"draws": seconds[:-1], "means": made.choice.predicted_s[name], "truth": seconds[-1]}
+    # The same candidates on the means and on the truth (the same seed: the same subsample as the choice's).
+    other = choice.Predictor(ctx.batch, made.items, ctx.output_estimates, ctx.cost_model, ctx.kv_capacity_tokens,
+                             seed=ctx.seed, draws=(ctx.output_estimates, outputs[point.rest])).choose(made.candidates)
+    times = {name: {"draws": list(made.choice.scenario_s[name]), "means": other.scenario_s[name][0],
+                    "truth": other.scenario_s[name][1]} for name in made.choice.scenario_s}
     return made.choice.name, times
 
 

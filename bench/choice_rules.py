@@ -40,25 +40,22 @@ def _relative(c: Candidates) -> dict[str, np.ndarray]:
     return dict(zip(c, draws / draws.min(axis=0)))
 
 
-# The stratified blends the pick before 2026-12-03 kept unless another candidate was faster on every draw.
-BLENDS = frozenset({choice.SPREAD, *map(choice.deadline_name, choice.DEADLINES)})
+def _means_guarded(c: Candidates) -> str:
+    """The means' fastest, unless ``fcfs`` or ``balance`` is faster on every draw: the uncertainty as a guard
+    against losing to the orders blendserve must beat, not as the score."""
+    chosen = _fastest({n: t["means"] for n, t in c.items()})
+    beats = [b for b in ("fcfs", "balance") if b in c
+             and all(x < y for x, y in zip(c[b]["draws"], c[chosen]["draws"]))]
+    return _fastest({b: c[b]["means"] for b in beats}) if beats else chosen
 
 
-def _blend_unless_beaten(c: Candidates) -> str:
-    """The blend with the best mean over the draws, unless another candidate is faster on every draw."""
-    mean = {n: float(np.mean(t["draws"])) for n, t in c.items()}
-    best = _fastest({n: m for n, m in mean.items() if n in BLENDS})
-    beats = [n for n in c if n not in BLENDS and all(a < b for a, b in zip(c[n]["draws"], c[best]["draws"]))]
-    return _fastest({n: mean[n] for n in beats}) if beats else best
-
-
-MAIN_RULE = "main's `pick` (the means' fastest unless `fcfs`/`balance` wins every draw)"
+MAIN_RULE = "main's `pick` (a blend unless beaten on every draw)"
 RULES: dict[str, Rule] = {
-    MAIN_RULE: lambda c: choice.pick({n: t["means"] for n, t in c.items()},
-                                     {n: tuple(t["draws"]) for n, t in c.items()}),
-    "the pick before 2026-12-03 (a blend unless beaten on every draw)": _blend_unless_beaten,
+    MAIN_RULE: lambda c: choice.pick(
+        {n: tuple(t["draws"]) for n, t in c.items()}, prefer=choice.BLENDS),
     "fastest mean over the draws": lambda c: _fastest({n: float(np.mean(t["draws"])) for n, t in c.items()}),
     "fastest on the means (no draws)": lambda c: _fastest({n: t["means"] for n, t in c.items()}),
+    "fastest on the means, unless `fcfs`/`balance` wins every draw": _means_guarded,
     "fastest on the first (short) draw": lambda c: _fastest({n: t["draws"][0] for n, t in c.items()}),
     "fastest on the middle draw": lambda c: _fastest({n: t["draws"][len(t["draws"]) // 2] for n, t in c.items()}),
     "fastest worst draw": lambda c: _fastest({n: max(t["draws"]) for n, t in c.items()}),

@@ -34,8 +34,7 @@ def test_the_pick_and_its_draws_are_the_shards_and_the_truth_is_simulated_on_the
     _, controller = simulate_as_shard(batch, outputs, COST, config, "blendserve")
     made = planned(controller).choice
     assert picked == made.name
-    assert {name: t["means"] for name, t in times.items()} == made.predicted_s
-    assert made.draws_s and all(list(t) == times[name]["draws"] for name, t in made.draws_s.items())
+    assert {name: t["draws"] for name, t in times.items()} == {n: list(t) for n, t in made.scenario_s.items()}
     # Every request either started before the plan or is in the rest it planned.
     assert when["started"] + len(point.rest) == len(batch) and when["clock_s"] > 0
     # The truth column: the candidate's list run on the rest's true lengths (fcfs: the rest in its order).

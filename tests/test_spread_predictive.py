@@ -147,56 +147,48 @@ def test_choose_keeps_the_candidate_simulated_fastest() -> None:
     assert choice.predicted_s["batched"] == pytest.approx(direct.total_time)
 
 
-def test_with_draws_the_means_choose_and_the_pick_and_the_guards_are_simulated_on_every_draw() -> None:
+def test_with_draws_each_candidate_is_scored_by_its_mean_over_them() -> None:
     from blendserve.sim.simulator import SimConfig, simulate
 
     batch, estimates, _, items = _job(400, 7)
     rng = np.random.default_rng(3)
     draws = tuple(rng.integers(1, 2 * int(estimates.max()) + 2, size=len(batch)) for _ in range(2))
-    candidates = {"items": lambda sub, kept: StaticOrder(sub.requests),
-                  "fcfs": lambda sub, kept: StaticOrder(np.sort(sub.requests)),
-                  "reversed": lambda sub, kept: StaticOrder(sub.requests[::-1])}
+    candidates = {"input": lambda sub, kept: StaticOrder(np.sort(sub.requests)),
+                  "items": lambda sub, kept: StaticOrder(sub.requests)}
     choice = Predictor(batch, items, estimates, COST, 200_000, draws=draws).choose(candidates)
     config = SimConfig(kv_capacity_tokens=200_000)
-    on_means = simulate(batch, np.maximum(estimates.astype(np.int64), 1), COST, StaticOrder(items.requests), config)
-    assert choice.predicted_s["items"] == pytest.approx(on_means.total_time)
-    assert set(choice.predicted_s) == set(candidates)
-    fastest = min(choice.predicted_s, key=choice.predicted_s.get)
-    # Draws only for the means' fastest and the guards present ("balance" is not a candidate here).
-    assert set(choice.draws_s) == {fastest, "fcfs"} and all(len(t) == 2 for t in choice.draws_s.values())
-    runs = [simulate(batch, d, COST, StaticOrder(np.sort(items.requests)), config).total_time for d in draws]
-    assert choice.draws_s["fcfs"] == pytest.approx(tuple(runs)) and runs[0] != runs[1]
-    assert choice.name == pick(choice.predicted_s, choice.draws_s)
+    runs = [simulate(batch, d, COST, StaticOrder(items.requests), config).total_time for d in draws]
+    assert choice.scenarios == 2 and runs[0] != runs[1]
+    assert choice.predicted_s["items"] == pytest.approx(np.mean(runs))
+    assert choice.worst_s["items"] == pytest.approx(max(runs))
+    assert choice.name == min(choice.predicted_s, key=choice.predicted_s.get)
 
 
-def test_the_means_fastest_runs_unless_fcfs_or_balance_is_faster_on_every_draw() -> None:
-    means = {"deadline-1": 100.0, "static": 95.0, "fcfs": 105.0, "balance": 104.0}
-    assert pick(means) == "static"  # no draws: the means decide
-    draws = {"static": (100.0, 110.0, 120.0), "fcfs": (99.0, 111.0, 119.0), "balance": (101.0, 112.0, 121.0)}
-    assert pick(means, draws) == "static"  # fcfs loses one draw, balance every one
-    draws["fcfs"] = (99.0, 109.0, 119.0)
-    assert pick(means, draws) == "fcfs"
-    draws["balance"] = (98.0, 108.0, 118.0)
-    assert pick(means, draws) == "balance"  # both beat it: the guard faster on the means
-    # Another candidate faster on every draw is no guard: the means still decide.
-    assert pick(means, {"static": (100.0,), "deadline-1": (90.0,)}) == "static"
+def test_over_draws_a_blend_is_kept_unless_another_is_faster_on_every_draw() -> None:
+    times = {"deadline-1": (100.0, 110.0, 120.0), "balance": (90.0, 112.0, 115.0), "fcfs": (99.0, 109.0, 119.0)}
+    assert pick(times) == "balance"  # the best mean, though it loses one draw to the blend
+    assert pick(times, prefer={"deadline-1"}) == "fcfs"  # faster than the blend on every draw
+    del times["fcfs"]
+    assert pick(times, prefer={"deadline-1"}) == "deadline-1"
+    # One scenario (lengths known): the fastest, whatever is preferred.
+    assert pick({"deadline-1": (100.0,), "balance": (90.0,)}, prefer={"deadline-1"}) == "balance"
 
 
-def test_blendserve_runs_the_means_fastest_on_drawn_lengths_unless_a_guard_wins_every_draw() -> None:
+def test_blendserve_keeps_the_blends_on_drawn_lengths_unless_beaten_on_every_draw() -> None:
     batch, estimates, _, _ = _job(600, 8)
     known = make_controller("blendserve", PolicyContext(batch, estimates, COST, 60_000)).choice  # type: ignore[attr-defined]
     rng = np.random.default_rng(4)
     draws = tuple(rng.integers(1, 2 * int(estimates.max()) + 2, size=len(batch)) for _ in range(2))
     drawn = make_controller("blendserve", PolicyContext(batch, estimates, COST, 60_000,  # type: ignore[attr-defined]
                                                         output_draws=draws)).choice
-    assert known.name == min(known.predicted_s, key=known.predicted_s.get) and not known.draws_s
-    # The draws leave the means' times alone: the same job simulated on the same means.
-    assert drawn.predicted_s == pytest.approx(known.predicted_s)
-    fastest = min(drawn.predicted_s, key=drawn.predicted_s.get)
-    assert set(drawn.draws_s) == {fastest, "fcfs", "balance"} and all(len(t) == 2 for t in drawn.draws_s.values())
-    if drawn.name != fastest:
-        assert drawn.name in ("fcfs", "balance")
-        assert all(a < b for a, b in zip(drawn.draws_s[drawn.name], drawn.draws_s[fastest]))
+    assert known.name == min(known.predicted_s, key=known.predicted_s.get)
+    assert drawn.scenarios == 2 and all(len(t) == 2 for t in drawn.scenario_s.values())
+    blends = {name for name in drawn.predicted_s if name.startswith(("deadline", "spread"))}
+    best_blend = min(blends, key=drawn.predicted_s.get)
+    if drawn.name in blends:
+        assert drawn.name == best_blend
+    else:  # another candidate replaced the blends only by being faster on both draws
+        assert all(a < b for a, b in zip(drawn.scenario_s[drawn.name], drawn.scenario_s[best_blend]))
 
 
 def test_blendserve_choice_never_reads_true_lengths() -> None:

@@ -1,18 +1,17 @@
-"""BlendServe's choice: simulate each candidate admission on the *estimated* lengths, keep the fastest.
+"""BlendServe's choice: simulate each candidate admission on the *estimated* lengths, keep the fastest blend.
 
 No one admission wins every job: the projected dual scan avoids preemptions
 and feeds the compute side where compute decides the end, while a stratified
 blend admitted blindly keeps the KV fuller where memory decides it. The
 planner cannot see true lengths, but it has the cost model, the simulator
 and its own estimates, so ``blendserve`` builds every candidate
-(``first_candidates``, then ``deadline_candidates``) over the same scan
-items, simulates each on the estimates' means (known lengths exact) and
-runs the one predicted fastest, unless the input or a random order is
-faster than it on every draw of the uncertain lengths (``pick``). Jobs
-larger than ``SAMPLE_SIZE`` requests are simulated on a random subsample
-(the same for every candidate); why the sample must be that large, and what
-the choice costs, is measured in docs/PLANNER_NOTES.md ("model-predictive
-choice and the stratified blend").
+(``first_candidates``, then ``deadline_candidates``) over the same scan items, simulates each on the estimates
+(known lengths exact, the rest the warm-up sampler's draws) and runs the one
+predicted fastest; on drawn lengths a stratified blend unless another
+candidate is faster on every draw (``pick``). Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
+a random subsample (the same for every candidate); why the sample must be
+that large, and what the choice costs, is measured in docs/PLANNER_NOTES.md
+("model-predictive choice and the stratified blend").
 
 One candidate alone is a policy of its own for benchmarks: ``blendserve[spread]``
 (``single_candidate``); the registry lists which.
@@ -36,7 +35,7 @@ from blendserve.scheduling.blend import spread_keys, unit_cuts
 from blendserve.scheduling.dual_scan import static_dual_scan_order
 from blendserve.scheduling.dual_scan_projected import ProjectedDualScan
 from blendserve.scheduling.registry import PolicyContext
-from blendserve.sim.simulator import SimConfig, SimResult, simulate
+from blendserve.sim.simulator import SimConfig, simulate
 
 # A candidate builds a fresh controller for a set of scan items (the job's, or a subsample's) given their
 # positions in the job's items (so a list computed once for the job can be restricted to the subsample).
@@ -47,42 +46,51 @@ Candidate = Callable[[ScanItems, np.ndarray], AdmissionController]
 SAMPLE_SIZE = 400_000
 
 
-# Orders blendserve must never lose to: ``pick`` falls back to one of them when it beats the means' fastest
-# candidate on every draw of the lengths.
-GUARDS = ("fcfs", "balance")
-
-
 @dataclass
 class Choice:
     name: str  # the candidate chosen (``pick``)
     sample: int  # requests simulated per candidate
-    steps: dict[str, int]  # engine steps of every candidate's simulation on the means
-    predicted_s: dict[str, float]  # every candidate's simulated seconds on the estimates' means (subsample's)
-    draws_s: dict[str, tuple[float, ...]]  # seconds on each draw of the lengths: the means' fastest and GUARDS only
+    steps: dict[str, int]  # engine steps of every candidate's simulation (mean over the scenarios)
+    scenario_s: dict[str, tuple[float, ...]]  # every candidate's simulated seconds per scenario (subsample's)
 
-    def merged(self, other: Choice) -> Choice:
+    @property
+    def predicted_s(self) -> dict[str, float]:
+        """Every candidate's mean time over the scenarios."""
+        return {name: float(np.mean(t)) for name, t in self.scenario_s.items()}
+
+    @property
+    def worst_s(self) -> dict[str, float]:
+        """Every candidate's slowest scenario."""
+        return {name: max(t) for name, t in self.scenario_s.items()}
+
+    @property
+    def scenarios(self) -> int:
+        """Length vectors each candidate was simulated on: the means, or the estimates' draws."""
+        return max((len(t) for t in self.scenario_s.values()), default=1)
+
+    def merged(self, other: Choice, prefer: Collection[str] = ()) -> Choice:
         """Both rounds' candidates, one chosen from all of them (``pick``)."""
-        predicted, draws = {**self.predicted_s, **other.predicted_s}, {**self.draws_s, **other.draws_s}
-        return Choice(pick(predicted, draws), self.sample, {**self.steps, **other.steps}, predicted, draws)
+        times = {**self.scenario_s, **other.scenario_s}
+        return Choice(pick(times, prefer), self.sample, {**self.steps, **other.steps}, times)
 
 
-def pick(predicted_s: dict[str, float], draws_s: dict[str, tuple[float, ...]] | None = None) -> str:
-    """The candidate fastest on the estimates' means, unless a guard (``GUARDS``) is faster than it on every
-    draw of the lengths (then the guard fastest on the means of those).
+def pick(scenario_s: dict[str, tuple[float, ...]], prefer: Collection[str] = ()) -> str:
+    """The candidate with the shortest mean time; over several scenarios, the fastest of ``prefer`` unless
+    another candidate is faster on every scenario (the first one on ties).
 
-    The means decide because over 24 hidden-length plans (8B 20k and 40k, 70B 40k, two warm-up seeds) their
-    fastest candidate ran the rest at 1.006x the fastest candidate's time on the true lengths (worst 1.038x);
-    scoring by the mean over the draws and preferring the blends gave 1.025x (worst 1.208x): a draw holds
-    every request drawn from a running sample at one quantile of its length, and the long draw decides the
-    mean (docs/PLANNER_NOTES.md, "2026-12-03"). The draws stay as the guard the uncertainty asks for: an
-    order predicted faster only on the means must not be slower than the input or a random order under every
-    draw the estimates allow.
+    Over draws of uncertain lengths, candidates whose means differ by less than the draws' spread are a
+    coin toss: on the 8B d1.4-s5 mix (20k, lengths hidden) a random order was predicted 0.2% ahead of
+    the blends and ran 5.5% behind them on the rest's true lengths (docs/PLANNER_NOTES.md).
     """
-    fastest = min(predicted_s, key=predicted_s.get)
-    mine = (draws_s or {}).get(fastest, ())
-    beats = [g for g in GUARDS if g != fastest and g in (draws_s or {}) and mine
-             and all(a < b for a, b in zip(draws_s[g], mine))]  # type: ignore[index]
-    return min(beats, key=predicted_s.get) if beats else fastest
+    mean = {name: float(np.mean(t)) for name, t in scenario_s.items()}
+    fastest = min(mean, key=mean.get)
+    favoured = [name for name in mean if name in prefer]
+    if not favoured or max(len(t) for t in scenario_s.values()) < 2:
+        return fastest
+    best = min(favoured, key=mean.get)
+    beats = [name for name in mean if name not in prefer
+             and all(a < b for a, b in zip(scenario_s[name], scenario_s[best]))]
+    return min(beats, key=mean.get) if beats else best
 
 
 def subsample(batch: RequestBatch, items: ScanItems, estimates: np.ndarray, size: int, seed: int = 0,
@@ -110,44 +118,33 @@ def subsample(batch: RequestBatch, items: ScanItems, estimates: np.ndarray, size
 class Predictor:
     """One job's (or its subsample's) simulations on the estimated lengths, candidate by candidate.
 
-    Every candidate is simulated on the estimates' means (``on_means``); with
-    ``draws`` (``PolicyContext.output_draws``) the means' fastest and the
-    guards are simulated on every draw too (``guard``). The subsample is drawn
-    once, so candidates chosen in several rounds (``Choice.merged``) are
-    simulated on the same requests.
+    With ``draws`` (``PolicyContext.output_draws``) each candidate is
+    simulated on every draw instead of the means and scored by its mean time:
+    means make every request of a subtree alike, which flatters an order that
+    blends them, while a draw keeps the long and the short answers the samples
+    saw. The subsample is drawn once, so candidates chosen in several rounds
+    (``Choice.merged``) are simulated on the same requests.
     """
 
     def __init__(self, batch: RequestBatch, items: ScanItems, estimates: np.ndarray, cost_model: CostModel,
                  kv_capacity_tokens: int, sample_size: int = SAMPLE_SIZE, seed: int = 0,
                  draws: tuple[np.ndarray, ...] = ()) -> None:
-        scenarios = np.stack([np.asarray(v, dtype=np.int64) for v in (estimates, *draws)], axis=1)
+        scenarios = np.stack([np.asarray(v, dtype=np.int64) for v in (draws or (estimates,))], axis=1)
         self.batch, self.items, sub, self.kept = subsample(batch, items, scenarios, sample_size, seed)
-        self.lengths = np.maximum(sub, 1)  # (sample, 1 + draws): the means, then each draw
+        self.lengths = np.maximum(sub, 1)  # (sample, scenarios): what the simulated engine generates
         self.cost_model = cost_model
         self.config = SimConfig(kv_capacity_tokens=kv_capacity_tokens)
 
-    def run(self, make: Candidate, scenario: int) -> SimResult:
-        """``make``'s controller simulated on scenario ``scenario`` (0: the means, then each draw)."""
-        return simulate(self.batch, self.lengths[:, scenario], self.cost_model, make(self.items, self.kept),
-                        self.config)
-
-    def on_means(self, candidates: dict[str, Candidate]) -> Choice:
-        """Every candidate simulated on the means; the fastest chosen (no draws yet)."""
-        runs = {name: self.run(make, 0) for name, make in candidates.items()}
-        predicted = {name: run.total_time for name, run in runs.items()}
-        return Choice(pick(predicted), len(self.batch), {name: run.steps for name, run in runs.items()},
-                      predicted, {})
-
-    def guard(self, choice: Choice, candidates: dict[str, Candidate]) -> Choice:
-        """``choice`` with the means' fastest and the guards simulated on every draw, and ``pick`` again."""
-        guarded = [name for name in (choice.name, *GUARDS) if name in candidates and name not in choice.draws_s]
-        draws = {name: tuple(self.run(candidates[name], j).total_time for j in range(1, self.lengths.shape[1]))
-                 for name in guarded if self.lengths.shape[1] > 1}
-        return choice.merged(Choice(choice.name, choice.sample, {}, {}, draws))
-
-    def choose(self, candidates: dict[str, Candidate]) -> Choice:
-        """Every candidate simulated on the means, the fastest guarded on the draws (``pick``)."""
-        return self.guard(self.on_means(candidates), candidates)
+    def choose(self, candidates: dict[str, Candidate], prefer: Collection[str] = ()) -> Choice:
+        """Every candidate simulated on every scenario, one chosen (``pick``)."""
+        times: dict[str, tuple[float, ...]] = {}
+        steps: dict[str, int] = {}
+        for name, make in candidates.items():
+            runs = [simulate(self.batch, self.lengths[:, j], self.cost_model, make(self.items, self.kept), self.config)
+                    for j in range(self.lengths.shape[1])]
+            times[name] = tuple(run.total_time for run in runs)
+            steps[name] = int(np.mean([run.steps for run in runs]))
+        return Choice(pick(times, prefer), len(self.batch), steps, times)
 
 
 class ChosenAdmission(Delegating):
@@ -172,6 +169,9 @@ def deadline_name(factor: float) -> str:
     """The deadline candidate's name for ``factor``."""
     return f"deadline-{factor:g}"
 
+
+# The stratified blends: what ``pick`` keeps unless another candidate is faster on every draw.
+BLENDS = frozenset({SPREAD, *map(deadline_name, DEADLINES)})
 # Largest estimated peak KV of a memory-heavy unit of the stratified blend, as a share of the KV capacity:
 # about one long video on the paper setups, so repeated long-decode prompts are spread one by one.
 UNIT_KV_SHARE = 0.05
@@ -229,12 +229,11 @@ class Choosing:
 def choose(context: PolicyContext) -> Choosing:
     """Layer-wise sort, conditional splitting (99% of DFS sharing kept), then the admission chosen (``pick``).
 
-    Two rounds of simulation on the estimates' means: ``first_candidates``,
+    Two rounds of simulation on the estimated lengths: ``first_candidates``,
     then the deadline blends timed by the fixed-lead blend's simulated steps
     (scaled to the job when a subsample stood for it). On estimated lengths
-    (draws), the fastest is then simulated on every draw beside the input and
-    a random order, and gives way to one of them that is faster on every draw
-    (``pick``).
+    (draws), the blends are chosen unless another candidate is faster on every
+    draw (``pick``).
     """
     tree = prefix_tree(context)
     items = blend_items(context, tree=tree)
@@ -242,12 +241,11 @@ def choose(context: PolicyContext) -> Choosing:
     candidates = first_candidates(context, items, cuts)
     predictor = Predictor(context.batch, items, context.output_estimates, context.cost_model,
                           context.kv_capacity_tokens, seed=context.seed, draws=context.output_draws)
-    first = predictor.on_means(candidates)
-    run_steps = first.steps[SPREAD] * len(items.requests) / max(first.sample, 1)
+    choice = predictor.choose(candidates)
+    run_steps = choice.steps[SPREAD] * len(items.requests) / max(choice.sample, 1)
     deadline = deadline_candidates(items, cuts, run_steps)
-    candidates = {**candidates, **deadline}
-    choice = predictor.guard(first.merged(predictor.on_means(deadline)), candidates)
-    return Choosing(items, candidates, choice)
+    choice = choice.merged(predictor.choose(deadline), prefer=BLENDS)
+    return Choosing(items, {**candidates, **deadline}, choice)
 
 
 def blendserve(context: PolicyContext) -> AdmissionController:
