@@ -29,6 +29,7 @@ from common import RESULTS
 Candidates = dict[str, dict]  # a run's candidates: name -> {"draws": [...], "means": s, "truth": s}
 Rule = Callable[[Candidates], str]
 
+
 def _fastest(times: dict[str, float]) -> str:
     return min(times, key=times.get)
 
