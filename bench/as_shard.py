@@ -30,7 +30,7 @@ from blendserve.scheduling.admission import AdmissionController
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
 from blendserve.scheduling.warmup import WarmupController, warmup_controller
 # The row helpers are compare_policies' own, so a row means the same in both modes.
-from blendserve.sim.compare import _chosen, _row, compare_policies, true_outputs, warmup_estimates
+from blendserve.sim.compare import SHARING_COUNTS, _chosen, _row, compare_policies, true_outputs, warmup_estimates
 from blendserve.sim.simulator import SimConfig, SimResult, kv_capacity_tokens, simulate, step_overlap
 from common import hide_lengths
 
@@ -91,14 +91,15 @@ def compare_as_shard(
         results[name] = (result, time.monotonic() - started)
         rows[name] = {"chosen": None, **_choice(planned(controller), len(batch), optimum.time),
                       **_warmup_counts(controller)}
-    dfs_hits = results["dfs"][0].hit_tokens if "dfs" in results else None
+    dfs_shared = results["dfs"][0].shared_tokens if "dfs" in results else None
     return {
+        "sharing_counts": SHARING_COUNTS,
         "requests": len(batch), "input_tokens": int(batch.prompt_lens.sum()), "output_tokens": int(outputs.sum()),
         "model": cost.model.name, "hardware": f"{cost.hardware.name} x{cost.hardware.tp}",
         "kv_capacity_tokens": kv, "overlap": step_overlap(cost, config),
         "token_budget": results[policies[0]][0].token_budget if policies else None, "min_steps": optimum.min_steps,
         "t_opt_s": optimum.time, "c_star_s": optimum.comp, "m_star_s": optimum.mem,
-        "policies": [{**_row(name, *results[name], optimum.time, dfs_hits), **rows[name]} for name in policies],
+        "policies": [{**_row(name, *results[name], optimum.time, dfs_shared), **rows[name]} for name in policies],
     }
 
 

@@ -134,7 +134,7 @@ def test_prefix_cache_hits_save_compute_of_the_shared_prefix() -> None:
     off = simulate(batch, np.full(3, 5), COST, StaticOrder([0, 1, 2]), SimConfig(max_running=1, prefix_cache=False))
     # hits are whole 16-token KV blocks, as vLLM shares them: 496 of the 500 shared tokens
     assert on.hit_tokens == 2 * 496 and on.prefix_hit_ratio == pytest.approx(992 / 1503)
-    assert list(on.cached_tokens) == [0, 496, 496]
+    assert list(on.cached_tokens) == [0, 496, 496] and on.shared_tokens == 992
     assert off.hit_tokens == 0 and off.computed_tokens - on.computed_tokens == 992
     assert on.total_time < off.total_time
 
@@ -148,6 +148,15 @@ def test_kv_exhaustion_preempts_and_still_finishes_everything() -> None:
     assert controller.finished == {i: 300 for i in range(8)}
     assert result.computed_tokens > 8 * (50 + 299)  # recomputation costs compute
     assert result.total_time >= batch_t_opt(COST, batch, np.full(8, 300)).time
+
+
+def test_a_restart_finding_its_own_prompt_is_a_hit_but_not_sharing() -> None:
+    # no two prompts share a token: every hit is a preempted request finding its own prompt again
+    prompts = [np.arange(i * 1000, i * 1000 + 160) for i in range(6)]
+    result = simulate(make_batch(prompts, [300] * 6), np.full(6, 300), COST, StaticOrder(np.arange(6)),
+                      SimConfig(kv_capacity_tokens=1200))
+    assert result.preemptions > 0 and result.hit_tokens > 0
+    assert result.shared_tokens == 0 and list(result.cached_tokens) == [0] * 6
 
 
 @st.composite

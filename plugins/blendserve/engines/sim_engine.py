@@ -104,7 +104,6 @@ class SimulatorEngine:
         core.run()
         proxy.sample(EngineState(len(core.running), len(core.waiting), core.used, core.capacity))
         stats = book.close(wall_seconds=core.clock)
-        stats.cached_prompt_tokens = core.hit_tokens  # the radix cache counts hits; per request they are not kept
         stats.mode = "stream"
         return stats
 
@@ -167,7 +166,7 @@ class _SimulatedRun:
             finish_reason="length" if d >= request.max_tokens else "stop",
             num_prompt_tokens=len(request.prompt_token_ids),
             num_output_tokens=d,
-            num_cached_tokens=None,
+            num_cached_tokens=int(self.core.first_hit[index]),  # at its first start, as vLLM reports it
             error=None,
             started_at=self._at(self.admitted_at.pop(index)),
             finished_at=self._at(self.core.clock),

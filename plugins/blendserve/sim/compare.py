@@ -15,6 +15,11 @@ from blendserve.scheduling.choice import Choice
 from blendserve.scheduling.registry import PolicyContext, make_controller
 from blendserve.sim.simulator import SimConfig, SimResult, kv_capacity_tokens, simulate, step_overlap
 
+# What a report's sharing_vs_dfs counts: the prompt tokens each request found cached at its first start
+# (vLLM's num_cached_tokens). Reports without the key (before 2026-12-03) also counted a preempted request
+# finding its own prompt again at restart, which credits dfs with the recomputation its preemptions cause.
+SHARING_COUNTS = "first start"
+
 
 def true_outputs(batch: RequestBatch) -> np.ndarray:
     """What the simulated model generates: sim_output_tokens, else the known length, else max_tokens."""
@@ -55,10 +60,11 @@ def compare_policies(
             chosen[name] = _chosen(controller.choice, len(batch), optimum.time)
         result = simulate(batch, outputs, cost, controller, config)
         results[name] = (result, time.monotonic() - started)
-    dfs_hits = results["dfs"][0].hit_tokens if "dfs" in results else None
-    rows = [{**_row(name, *results[name], optimum.time, dfs_hits), "chosen": None, **chosen.get(name, {})}
+    dfs_shared = results["dfs"][0].shared_tokens if "dfs" in results else None
+    rows = [{**_row(name, *results[name], optimum.time, dfs_shared), "chosen": None, **chosen.get(name, {})}
             for name in policies]
     return {
+        "sharing_counts": SHARING_COUNTS,
         "requests": len(batch), "input_tokens": int(batch.prompt_lens.sum()), "output_tokens": int(outputs.sum()),
         "model": cost.model.name, "hardware": f"{cost.hardware.name} x{cost.hardware.tp}",
         "kv_capacity_tokens": context.kv_capacity_tokens, "overlap": step_overlap(cost, config),
@@ -75,12 +81,12 @@ def _chosen(choice: Choice, requests: int, t_opt: float) -> dict:
     return {"chosen": choice.name, "predicted_fraction": t_opt / predicted if whole else None}
 
 
-def _row(name: str, result: SimResult, wall: float, t_opt: float, dfs_hits: int | None) -> dict:
+def _row(name: str, result: SimResult, wall: float, t_opt: float, dfs_shared: int | None) -> dict:
     return {
         "policy": name, "time_s": result.total_time, "throughput": result.throughput,
         "fraction_of_optimum": t_opt / result.total_time if result.total_time else 0.0,
         "prefix_hit_ratio": result.prefix_hit_ratio,
-        "sharing_vs_dfs": (result.hit_tokens / dfs_hits if dfs_hits else None),
+        "sharing_vs_dfs": (result.shared_tokens / dfs_shared if dfs_shared else None),
         "preemptions": result.preemptions, "steps": result.steps,
         "mean_compute_util": result.comp_time / result.total_time if result.total_time else 0.0,
         "mean_memory_util": result.mem_time / result.total_time if result.total_time else 0.0,

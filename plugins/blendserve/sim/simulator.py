@@ -60,6 +60,7 @@ class SimResult:
     output_tokens: int  # sum of output tokens
     prefix_hit_ratio: float  # prompt tokens served by the prefix cache / prompt tokens looked up
     hit_tokens: int  # prompt tokens served by the prefix cache (restarts included)
+    shared_tokens: int  # prompt tokens each request's first start found cached: the sharing its order earned
     computed_tokens: int  # tokens put through the model (prefill, recomputation, decode)
     preemptions: int  # sequences evicted from KV and recomputed later
     steps: int  # engine steps
@@ -112,6 +113,8 @@ def simulate(
         output_tokens=output_total,
         prefix_hit_ratio=core.hit_tokens / core.lookup_tokens if core.lookup_tokens else 0.0,
         hit_tokens=core.hit_tokens,
+        # a preempted request that finds its own prompt again at restart shares nothing with another one
+        shared_tokens=int(np.maximum(core.first_hit, 0).sum()),
         computed_tokens=core.computed_tokens,
         preemptions=core.preemptions,
         steps=core.step,
