@@ -57,3 +57,23 @@ def test_a_hidden_table_with_fewer_mixes_is_compared_on_its_mixes(monkeypatch) -
     one = next(r for r in upper["mixes"][0]["policies"] if r["policy"] == "blendserve")["fraction_of_optimum"]
     assert f"| {one:.1%} |" in page.split("blendserve, % of optimum")[1].splitlines()[0], first
     sys.modules.pop("render", None)
+
+
+def test_sharing_measured_with_restarts_is_marked_until_rerun(monkeypatch) -> None:
+    """A stored mix without ``sharing_counts`` counted preempted requests' re-hits of their own prompts; its
+    table and headline say so, a mix measured since does not."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import render
+    import tables
+    from blendserve.sim.compare import SHARING_COUNTS
+
+    stored = render.load("policies-8b")
+    old = {**stored, "mixes": [{k: v for k, v in m.items() if k != "sharing_counts"} for m in stored["mixes"]]}
+    new = {**stored, "mixes": [{**m, "sharing_counts": SHARING_COUNTS} for m in stored["mixes"]]}
+    names = [m["mix"] for m in stored["mixes"]]
+    assert all(name in tables.sharing_label(old["mixes"]) for name in names)
+    assert not any(name in tables.sharing_label(new["mixes"]) for name in names)
+    sharing_row = "blendserve prefix sharing, % of dfs"
+    marked = [render.headline([(d, None, "8B")], None, None).split(sharing_row)[1].splitlines()[0] for d in (old, new)]
+    assert "restarts counted" in marked[0] and "restarts counted" not in marked[1]
+    sys.modules.pop("render", None)
