@@ -98,6 +98,9 @@ def test_results_carry_simulated_timings_and_outputs_of_the_true_length(make_con
     assert stats.timeline and set(stats.timeline[0]) == set(TIMELINE_KEYS)
     assert sum(row["admitted"] for row in stats.timeline) == len(requests)
     assert 0 < stats.prefix_hit_rate < 1  # families share prefixes through the radix cache
+    # each row carries its first start's hit, as vLLM's do, and the shard's total is their sum
+    assert stats.cached_prompt_tokens == sum(r.num_cached_tokens for r in results)
+    assert all(0 <= r.num_cached_tokens < r.num_prompt_tokens for r in results)
 
 
 def test_refused_requests_become_errors_and_the_rest_run(make_config):
