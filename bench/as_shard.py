@@ -10,7 +10,7 @@ library's own functions (the shard's sample, estimator, warm-up controller,
 policies), so changes to any of them show up here unchanged.
 
 ``compare_as_shard`` returns ``blendserve.sim.compare.compare_policies``' dict
-(same row format, built by its own row helpers), so tables.py and render.py
+(built by its ``report``), so tables.py and render.py
 read both modes alike. ``run_policies`` picks the mode from ``--lengths``.
 """
 
@@ -29,8 +29,8 @@ from blendserve.sampling import shard_sample
 from blendserve.scheduling.admission import AdmissionController
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
 from blendserve.scheduling.warmup import WarmupController, warmup_controller
-# The row helpers are compare_policies' own, so a row means the same in both modes.
-from blendserve.sim.compare import SHARING_COUNTS, _chosen, _row, compare_policies, true_outputs, warmup_estimates
+# The report is compare_policies' own, so a row means the same in both modes.
+from blendserve.sim.compare import _chosen, compare_policies, report, true_outputs, warmup_estimates
 from blendserve.sim.simulator import SimConfig, SimResult, kv_capacity_tokens, simulate, step_overlap
 from common import hide_lengths
 
@@ -91,16 +91,7 @@ def compare_as_shard(
         results[name] = (result, time.monotonic() - started)
         rows[name] = {"chosen": None, **_choice(planned(controller), len(batch), optimum.time),
                       **_warmup_counts(controller)}
-    dfs_shared = results["dfs"][0].shared_tokens if "dfs" in results else None
-    return {
-        "sharing_counts": SHARING_COUNTS,
-        "requests": len(batch), "input_tokens": int(batch.prompt_lens.sum()), "output_tokens": int(outputs.sum()),
-        "model": cost.model.name, "hardware": f"{cost.hardware.name} x{cost.hardware.tp}",
-        "kv_capacity_tokens": kv, "overlap": step_overlap(cost, config),
-        "token_budget": results[policies[0]][0].token_budget if policies else None, "min_steps": optimum.min_steps,
-        "t_opt_s": optimum.time, "c_star_s": optimum.comp, "m_star_s": optimum.mem,
-        "policies": [{**_row(name, *results[name], optimum.time, dfs_shared), **rows[name]} for name in policies],
-    }
+    return report(batch, outputs, cost, config, kv, optimum, results, {name: rows[name] for name in policies})
 
 
 def _choice(controller: AdmissionController | None, requests: int, t_opt: float) -> dict:

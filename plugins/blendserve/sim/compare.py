@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from blendserve.batch import UNKNOWN, RequestBatch
-from blendserve.costmodel import CostModel, batch_t_opt
+from blendserve.costmodel import CostModel, Optimum, batch_t_opt
 from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.sampling import estimate_outputs, select_samples
@@ -60,16 +60,24 @@ def compare_policies(
             chosen[name] = _chosen(controller.choice, len(batch), optimum.time)
         result = simulate(batch, outputs, cost, controller, config)
         results[name] = (result, time.monotonic() - started)
+    extra = {name: {"chosen": None, **chosen.get(name, {})} for name in policies}
+    return report(batch, outputs, cost, config, context.kv_capacity_tokens, optimum, results, extra)
+
+
+def report(batch: RequestBatch, outputs: np.ndarray, cost: CostModel, config: SimConfig, kv: int, optimum: Optimum,
+           results: dict[str, tuple[SimResult, float]], extra: dict[str, dict]) -> dict:
+    """A comparison's dict: the batch, the setup, ``T_opt`` and a row per policy of ``extra`` (in its order,
+    with its fields added); both modes (this module's and bench/as_shard.py's) write it, so they read alike."""
     dfs_shared = results["dfs"][0].shared_tokens if "dfs" in results else None
-    rows = [{**_row(name, *results[name], optimum.time, dfs_shared), "chosen": None, **chosen.get(name, {})}
-            for name in policies]
+    policies = list(extra)
     return {
         "sharing_counts": SHARING_COUNTS,
         "requests": len(batch), "input_tokens": int(batch.prompt_lens.sum()), "output_tokens": int(outputs.sum()),
         "model": cost.model.name, "hardware": f"{cost.hardware.name} x{cost.hardware.tp}",
-        "kv_capacity_tokens": context.kv_capacity_tokens, "overlap": step_overlap(cost, config),
+        "kv_capacity_tokens": kv, "overlap": step_overlap(cost, config),
         "token_budget": results[policies[0]][0].token_budget if policies else None, "min_steps": optimum.min_steps,
-        "t_opt_s": optimum.time, "c_star_s": optimum.comp, "m_star_s": optimum.mem, "policies": rows,
+        "t_opt_s": optimum.time, "c_star_s": optimum.comp, "m_star_s": optimum.mem,
+        "policies": [{**_row(name, *results[name], optimum.time, dfs_shared), **extra[name]} for name in policies],
     }
 
 
