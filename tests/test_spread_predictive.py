@@ -11,9 +11,9 @@ from blendserve.planner.groups import leaf_groups
 from blendserve.planner.items import ScanItems, ordered_leaves, scan_items
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
 from blendserve.scheduling.admission import StaticOrder
-from blendserve.scheduling.blend import cap_units, hot_depth, spread_keys, unit_cuts
+from blendserve.scheduling.blend import HOT_PIECE, cap_units, hot_depth, piece_cost, spread_keys, unit_cuts
 from blendserve.scheduling.choice import Predictor, pick, subsample
-from synthetic import synthetic_batch
+from synthetic import batch_from_prompts, synthetic_batch
 from blendserve.scheduling.registry import PolicyContext, make_controller
 
 COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
@@ -60,6 +60,40 @@ def test_cuts_stay_within_the_sharing_budget(keep: float) -> None:
     cuts = unit_cuts(tree, items, keep_sharing=keep, hot_fraction=0.01)
     assert _lost_tokens(tree, items, cuts, 0.01) <= (1.0 - keep) * float(items.shared_prompt.sum()) + 1e-6
     assert cuts[0]
+
+
+def _subject_job(subject: int = 100, others: int = 900) -> tuple[PrefixTree, ScanItems, np.ndarray]:
+    """A job under one chat template (every leaf: always hot) where ``subject`` requests also share a
+    300-token few-shot prefix (10% of the leaves: hot, not always hot); and which items are the subject's."""
+    rng = np.random.default_rng(8)
+    template, few_shot = [7] * 40, list(range(2000, 2300))
+    prompts = [template + (few_shot if i < subject else []) + [3000 + i] + rng.integers(5000, 30000, 19).tolist()
+               for i in range(subject + others)]
+    batch = batch_from_prompts(prompts, max_tokens=1000)
+    tree = build_prefix_tree(batch, COST, default_output_estimates(batch))
+    leaf_order, _ = ordered_leaves(tree, COST)
+    items = scan_items(batch, tree, leaf_order, leaf_groups(tree, leaf_order, COST), with_duplicates=True)
+    return tree, items, items.requests < subject
+
+
+def test_a_hot_prefix_is_cut_in_pieces_an_always_hot_one_anywhere() -> None:
+    """Questions under a few-shot prefix on 10% of the leaves stay together ``HOT_PIECE`` at a time (spread
+    one by one, the KV of long decodes evicts the prefix between two of them), while the template every
+    request shares binds nothing."""
+    tree, items, in_subject = _subject_job()
+    unit = np.cumsum(unit_cuts(tree, items, keep_sharing=1.0)) - 1  # zero-cost cuts only
+    assert len(np.unique(unit[in_subject])) == -(-in_subject.sum() // HOT_PIECE)
+    assert len(np.unique(unit[~in_subject])) == (~in_subject).sum()
+    assert not np.isin(unit[in_subject], unit[~in_subject]).any()
+
+
+def test_piece_cost_frees_every_pieceth_cut_of_a_hot_run() -> None:
+    hot_kept = np.array([0, 0, 0, 0, 0, 0, 0, 5, 0, 0], dtype=float)  # beyond the hot prefix
+    always_kept = np.array([0, 9, 9, 9, 9, 0, 9, 14, 9, 9], dtype=float)  # beyond the always-hot one
+    cost = piece_cost(hot_kept, always_kept, piece=2)
+    # runs under the hot prefix: pairs 1-4, then 6-9; each run's 2nd, 4th, ... pair keeps the prefix
+    assert cost.tolist() == [0, 9, 0, 9, 0, 0, 9, 5, 9, 0]
+    assert np.array_equal(piece_cost(hot_kept, always_kept, piece=1), hot_kept)
 
 
 def test_spread_blends_memory_heavy_work_across_the_run() -> None:

@@ -14,8 +14,12 @@ contiguous, as in the leaf order.
 
 A cut between two neighbours loses the prefix they share, except the part
 held by a *hot* prefix (one that ``hot_fraction`` of the leaves share, say a
-chat template), which the prefix cache keeps under any spread order because
-it is reused every few requests. Cuts are made cheapest first while the
+chat template), which the prefix cache keeps under a spread order because
+it is reused every few requests. A hot prefix that is not *always hot* (a
+few-shot prefix on 1-20% of the leaves) is reused only every 5-100
+requests, and while long decodes fill the KV the cache evicts it between
+two uses; so its cuts are free only every ``HOT_PIECE`` requests, and it is
+computed at most once a piece. Cuts are made cheapest first while the
 prefix tokens they lose stay within ``1 - keep_sharing`` of the leaf order's
 sharing (the split's budget rule).
 """
@@ -40,7 +44,12 @@ def hot_depth(tree: PrefixTree, hot_fraction: float) -> np.ndarray:
     return depth
 
 
-HOT_FRACTION = 0.01  # a prefix this share of the leaves hold is reused every few requests: cached in any order
+HOT_FRACTION = 0.01  # a prefix this share of the leaves hold is reused every 100 requests: cached while the KV has room
+# A prefix this share of the leaves hold (reused every 5 requests) stays cached while long decodes fill the KV;
+# a few-shot prefix on 5% of rare-1's leaves was evicted between two of its questions 71 times in 1,072
+# (docs/PLANNER_NOTES.md, "hot prefixes in pieces").
+ALWAYS_HOT_FRACTION = 0.2
+HOT_PIECE = 32  # requests under a hot (not always hot) prefix kept together: computed at most once a piece
 
 
 def cold_shared(shared: np.ndarray, hot: np.ndarray) -> np.ndarray:
@@ -55,8 +64,10 @@ def prefix_units(tree: PrefixTree, hot_fraction: float = HOT_FRACTION) -> np.nda
     """(m,) per leaf: its prefix unit, a run of neighbouring leaves (LCP order) that share more than a hot prefix.
 
     A hot prefix (a chat template, a few-shot prefix that ``hot_fraction`` of the leaves share) stays cached
-    under any order; a cold one (a caption that four labelling questions share) only while its requests run
-    close together. Units end at ``unit_cuts``' zero-cost cuts: each is under ``hot_fraction`` of the leaves.
+    while the KV has room; a cold one (a caption that four labelling questions share) only while its requests
+    run close together. Each unit is under ``hot_fraction`` of the leaves. The warm-up's fillers
+    (``filler_order``) keep every hot cut free; the plan's ``unit_cuts`` cuts a prefix that is not always
+    hot in pieces.
     """
     starts = cold_shared(tree.leaf_lcp, hot_depth(tree, hot_fraction)) == 0.0
     return np.cumsum(starts) - 1
@@ -67,21 +78,32 @@ def unit_cuts(tree: PrefixTree, items: ScanItems, keep_sharing: float = 0.995, h
     """(k,) True where a new unit starts: cuts that lose the fewest prefix tokens, within the sharing budget.
 
     A cut before item i loses the prefix it shares with item i - 1 beyond the
-    hot prefix both hold; zero-cost cuts are always made. ``max_unit_kv``
+    hot prefix both hold (beyond the always-hot one, except every ``HOT_PIECE``
+    requests: ``piece_cost``); zero-cost cuts are always made. ``max_unit_kv``
     (tokens) caps the memory-heavy units whatever the cuts cost (``cap_units``).
     """
     if items.shared_prompt is None or len(items.requests) == 0:
         return np.ones(len(items.requests), dtype=bool)
     leaf = tree.request_leaf[items.requests]
-    hot = hot_depth(tree, hot_fraction)[leaf]
     shared = items.shared_prompt.astype(np.float64)
-    cost = cold_shared(shared, hot)
+    cost = piece_cost(cold_shared(shared, hot_depth(tree, hot_fraction)[leaf]),
+                      cold_shared(shared, hot_depth(tree, max(hot_fraction, ALWAYS_HOT_FRACTION))[leaf]))
     by_cost = np.argsort(cost, kind="stable")
     within = np.cumsum(cost[by_cost]) <= (1.0 - keep_sharing) * float(shared.sum())
     cuts = np.zeros(len(cost), dtype=bool)
     cuts[by_cost[within]] = True
     cuts[0] = True
     return cuts if max_unit_kv is None else cap_units(items, cuts, max_unit_kv)
+
+
+def piece_cost(hot_kept: np.ndarray, always_kept: np.ndarray, piece: int = HOT_PIECE) -> np.ndarray:
+    """Per neighbour pair: what a cut loses when only the always-hot prefix survives it (``always_kept``),
+    except at every ``piece``-th pair of a run of pairs that share a hot prefix, where the hot prefix
+    survives too (``hot_kept``): one load of the prefix a piece."""
+    under_hot = always_kept > hot_kept
+    index = np.arange(len(under_hot))
+    run_start = np.maximum.accumulate(np.where(under_hot, 0, index))
+    return np.where(under_hot & ((index - run_start) % piece != 0), always_kept, hot_kept)
 
 
 def cap_units(items: ScanItems, cuts: np.ndarray, max_unit_kv: float) -> np.ndarray:
