@@ -23,6 +23,7 @@ import numpy as np
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.model_prep import cache_root
+from blendserve.scheduling import PLANNER_REVISION
 from blendserve.sim.compare import true_outputs
 from blendserve.workload import (
     MixReport, WorkloadSpec, load_pools, mix_report, mix_spec, plan_requests, spec_pools, write_workload,
@@ -144,6 +145,7 @@ def provenance() -> dict:
     return {
         "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
         "numpy": np.__version__, "commit": _git("rev-parse", "--short", "HEAD"), "uncommitted": dirty,
+        "planner": PLANNER_REVISION,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join([".venv/bin/python", *sys.argv]),
     }

@@ -15,9 +15,10 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from blendserve.scheduling import PLANNER_REVISION
 from tables import (
-    grid_section, peer_section, pipeline_section, planner_section, policies_section, rare_section, sampling_section,
-    simulator_section, summarize, timeline_section,
+    grid_section, peer_section, pipeline_section, planner_revision, planner_section, policies_section, rare_section,
+    sampling_section, simulator_section, summarize, timeline_section,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,7 +122,9 @@ HEADLINE_NOTE = ("The headline is the hidden-length mode: no output length known
                  "a dfs or density run. Prefix sharing counts the prompt tokens each request found cached at its "
                  "first start (vLLM's num_cached_tokens); \"restarts counted\" marks tables measured before "
                  "2026-12-03, which also counted a preempted request finding its own prompt again: that credits an "
-                 "order with the recomputation its preemptions cause, dfs most.")
+                 "order with the recomputation its preemptions cause, dfs most. \"earlier planner\" marks blendserve's "
+                 "figures from mixes an earlier planner revision planned (each table's provenance line gives the "
+                 "revision it ran; docs/PLANNER_NOTES.md what each revision changed), not rerun since.")
 
 
 def _same_mixes(hidden: dict, upper: dict) -> tuple[dict, list[str]]:
@@ -149,16 +152,20 @@ def _headline_rows(label: str, hidden: dict | None, upper: dict | None, paper: d
     def shared(key: str) -> Callable[[dict], str]:  # restarts' re-hits counted: measured before first starts only
         return lambda s: pct(key)(s) + (" (restarts counted)" if s["sharing_restarts"] else "")
 
+    def ours(figure: Callable[[dict], str]) -> Callable[[dict], str]:  # blendserve's: whose planner made them
+        return lambda s: figure(s) + (" (earlier planner)" if s["planned_earlier"] else "")
+
     dfs_paper = f"{paper['dfs_opt']:.1%}" if paper.get("dfs_opt") else "-"
     return [
-        f"| blendserve, % of optimum ({label}) | {paper['opt']:.2%} | {both(pct('opt'))} |",
+        f"| blendserve, % of optimum ({label}) | {paper['opt']:.2%} | {both(ours(pct('opt')))} |",
         f"| dfs order, % of optimum ({label}) | {dfs_paper} | {both(pct('dfs_opt'))} |",
         f"| blendserve over dfs ({label}) | +{paper['speedup'] - 1:.2%} (over its best DFS system) "
-        f"| {both(pct('speedup', signed=True))} |",
-        f"| blendserve prefix sharing, % of dfs ({label}) | > {paper['sharing']:.0%} | {both(shared('sharing'))} |",
+        f"| {both(ours(pct('speedup', signed=True)))} |",
+        f"| blendserve prefix sharing, % of dfs ({label}) | > {paper['sharing']:.0%} "
+        f"| {both(ours(shared('sharing')))} |",
         f"| random order (balance) sharing, % of dfs ({label}) | < 30% | {both(shared('balance_sharing'))} |",
         f"| blendserve over the best other policy per mix, mean / worst ({label}) | - "
-        f"| {both(_vs_best)} |",
+        f"| {both(ours(_vs_best))} |",
     ]
 
 
@@ -170,8 +177,9 @@ def _grid_speedup(grid: dict | None) -> str:
     if grid is None:
         return "-"
     speedups = [c["speedup"] for c in grid["cells"]]
+    earlier = " (earlier planner)" if planner_revision(grid["provenance"]) < PLANNER_REVISION else ""
     return (f"{sum(speedups) / len(speedups) - 1:+.1%} ({min(speedups):.2f}x .. {max(speedups):.2f}x, "
-            f"{len(speedups)} mixes)")
+            f"{len(speedups)} mixes){earlier}")
 
 
 def pair(title: str, result: str, make: Callable[[dict], str], command: str) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from blendserve.scheduling import PLANNER_REVISION
 from blendserve.sim.compare import SHARING_COUNTS
 
 
@@ -23,6 +24,7 @@ def summarize(mixes: list[dict], policies: list[str]) -> dict:
         "vs_best_other": float(np.mean(vs_best)), "vs_best_baseline": float(min(vs_best)),
         "best_other": sorted(set(best_other)),
         "sharing_restarts": restarts_counted(mixes),
+        "planned_earlier": planned_earlier(mixes),
     }
 
 
@@ -30,6 +32,23 @@ def restarts_counted(mixes: list[dict]) -> list[str]:
     """Mixes measured before sharing counted first starts only (``SHARING_COUNTS``): their sharing also counts
     preempted requests finding their own prompts again, which credits dfs with its recomputation."""
     return [m["mix"] for m in mixes if m.get("sharing_counts") != SHARING_COUNTS]
+
+
+def planner_revision(provenance: dict) -> int:
+    """The planner revision a run had (results written before revisions were stored: 0)."""
+    return int(provenance.get("planner", 0))
+
+
+def planned_earlier(mixes: list[dict]) -> list[str]:
+    """Mixes whose plans an earlier planner revision made (``PLANNER_REVISION``): not what the planner does now."""
+    return [m["mix"] for m in mixes if planner_revision(m.get("provenance", {})) < PLANNER_REVISION]
+
+
+def planned_earlier_note(mixes: list[dict]) -> str:
+    """A sentence naming the mixes an earlier planner revision planned, or nothing."""
+    old = planned_earlier(mixes)
+    return (f" Planned by an earlier planner revision than this checkout's ({PLANNER_REVISION}), not rerun since: "
+            f"{', '.join(old)}." if old else "")
 
 
 def sharing_label(mixes: list[dict]) -> str:
@@ -46,7 +65,8 @@ def provenance(data: dict) -> str:
     p = data["provenance"]
     dirty = f", uncommitted: {', '.join(p['uncommitted'])}" if p["uncommitted"] else ""
     return (f"<sub>Machine: {p['cpu']}, {p['cores']} cores, no GPU. Python {p['python']}, numpy {p['numpy']}, "
-            f"blendserve {p['commit']}{dirty}. Run {p['date']}: `{p['command']}`</sub>")
+            f"blendserve {p['commit']}{dirty}, planner revision {planner_revision(p)}. Run {p['date']}: "
+            f"`{p['command']}`</sub>")
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -111,7 +131,8 @@ def policies_section(data: dict) -> str:
              "the worst mix.")
     figures = "\n\n".join(image(name, name.removesuffix(".png")) for name in data["pngs"])
     runs = measured_by(data, {m["mix"]: m for m in mixes}, "Mixes")
-    return "\n\n".join(p for p in [intro, tput, sharing_label(mixes), ratio, means + _before_plan(mixes),
+    return "\n\n".join(p for p in [intro, tput, sharing_label(mixes), ratio,
+                                    means + planned_earlier_note(mixes) + _before_plan(mixes),
                                     figures, runs, provenance(data)] if p)
 
 

@@ -12,3 +12,8 @@
 
 The tree side (prefix tree, sort and split, groups, shards, scan items) is ``blendserve.planner``.
 """
+
+# The planner's revision, stored with every benchmark result (bench/common.py) so that a table planned by an
+# earlier revision says so until it is rerun. Bumped by a change that alters what blendserve orders:
+# 1 (2026-12-03): a hot prefix on under 20% of the leaves is cut in pieces (``blend.HOT_PIECE``).
+PLANNER_REVISION = 1
