@@ -7,11 +7,11 @@ draws, and on the estimates' means) and names one candidate; its regret in a
 run is that candidate's time for the rest on the true lengths over the
 fastest candidate's. With no files named, every ``choice-*.json`` in
 bench/results is read. Rules fitted to these runs are fitted to them: the
-summary splits by setup so a rule that only wins on one model shows it. The
-stored runs are 20k and 40k plans: the means' rule that scores best here ran
+summary splits by setup so a rule that only wins on one model shows it. Most
+stored runs are 20k and 40k plans: the means' rule that scores best on them ran
 6% behind `balance` on the 8B 400k d1.4-s5 mix (docs/PLANNER_NOTES.md,
 "2026-12-03 (later)"), so a rule needs 400k plans in its evidence before it
-lands.
+lands; choice-8b-400k.json holds the first ("2026-12-03 (fifth)").
 """
 
 from __future__ import annotations
