@@ -1,0 +1,97 @@
+"""blendserve against fcfs and balance over several shard seeds, lengths hidden: the spread one seed hides.
+
+    .venv/bin/python bench/bench_seeds.py --setup 8b --requests 20000 --mixes rare-1 d1.4-s5 --seeds 0 1 2 [--out]
+
+The benchmark tables run seed 0. A seed is the shard's: its warm-up sample,
+its fillers' order, the choice's subsample and random candidate, and
+``balance``'s permutation; ``fcfs`` (the file's order) has none. Each run is
+a whole shard (``as_shard.simulate_as_shard``), warm-up included, the
+simulator on the true lengths. Prints every seed's seconds per mix and
+blendserve's speed-up over each baseline (its time / blendserve's), then
+the median and the worst over the seeds: a miss by under the seeds' spread
+is a draw, not a rank. ``--out`` adds the runs to
+bench/results/seeds-<setup>-<size>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from blendserve.batch import RequestBatch
+from blendserve.costmodel import CostModel
+from blendserve.sim.compare import true_outputs
+from blendserve.sim.simulator import SimConfig
+from blendserve.workload import MIXES, RARE_MIXES
+from as_shard import planned, shard_warmup, simulate_as_shard
+from common import RESULTS, SETUPS, hide_lengths, load_mix, provenance, size_suffix
+
+POLICIES = ("fcfs", "balance", "blendserve")
+BASELINES = ("fcfs", "balance")
+
+
+def run_seed(batch: RequestBatch, cost: CostModel, config: SimConfig, seed: int) -> dict[str, dict]:
+    """Every policy of ``POLICIES`` as a shard of ``batch`` (lengths hidden) with ``seed``: seconds and pick."""
+    hidden, _ = hide_lengths(batch)
+    outputs = true_outputs(hidden)
+    warmup = shard_warmup(hidden, cost, seed)
+    runs = {}
+    for policy in POLICIES:
+        result, controller = simulate_as_shard(hidden, outputs, cost, config, policy, warmup, seed)
+        choice = getattr(planned(controller), "choice", None)
+        runs[policy] = {"time_s": result.total_time, "chosen": None if choice is None else choice.name}
+    return runs
+
+
+def speedups(seeds: dict[str, dict[str, dict]]) -> dict[str, dict[str, float]]:
+    """Per baseline: blendserve's speed-up over it (baseline seconds / blendserve's), median and worst over seeds."""
+    out = {}
+    for base in BASELINES:
+        ratios = [run[base]["time_s"] / run["blendserve"]["time_s"] for run in seeds.values()]
+        out[base] = {"median": float(np.median(ratios)), "worst": float(min(ratios))}
+    return out
+
+
+def print_mix(mix: str, seeds: dict[str, dict[str, dict]]) -> None:
+    print(f"\n{mix}")
+    print(f"  {'seed':>4s}" + "".join(f"{p:>12s}" for p in POLICIES) + "  pick            x fcfs  x balance")
+    for seed, run in sorted(seeds.items(), key=lambda kv: int(kv[0])):
+        blend = run["blendserve"]["time_s"]
+        print(f"  {seed:>4s}" + "".join(f"{run[p]['time_s']:12.1f}" for p in POLICIES)
+              + f"  {run['blendserve']['chosen'] or '-':14s}"
+              + "".join(f"{run[b]['time_s'] / blend:9.3f}" for b in BASELINES))
+    summary = speedups(seeds)
+    print("  median / worst over the seeds: " + ", ".join(
+        f"x {b} {s['median']:.3f} / {s['worst']:.3f}" for b, s in summary.items()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--setup", choices=sorted(SETUPS), default="8b")
+    ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--mixes", nargs="+", required=True, choices=[*MIXES, *RARE_MIXES])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--out", action="store_true", help="add the runs to bench/results/seeds-<setup>-<size>.json")
+    args = ap.parse_args()
+    setup = SETUPS[args.setup]
+    path = RESULTS / f"seeds-{setup.key}{size_suffix(args.requests)}.json"
+    for mix in args.mixes:
+        batch, _ = load_mix(mix, args.requests, setup)
+        seeds = {}
+        for seed in args.seeds:
+            started = time.perf_counter()
+            seeds[str(seed)] = {**run_seed(batch, setup.cost(), SimConfig(), seed), "provenance": provenance()}
+            print(f"  {mix} seed {seed}: {time.perf_counter() - started:.0f} s wall", flush=True)
+        print_mix(mix, seeds)
+        if args.out:  # read again: runs side by side add to the same file
+            stored = json.loads(path.read_text()) if path.exists() else {
+                "setup": setup.label, "requests": args.requests, "lengths": "hidden", "mixes": {}}
+            stored["mixes"].setdefault(mix, {}).update(seeds)
+            path.write_text(json.dumps(stored, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
