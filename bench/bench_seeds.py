@@ -19,8 +19,6 @@ import argparse
 import json
 import time
 
-import numpy as np
-
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.sim.compare import true_outputs
@@ -28,9 +26,9 @@ from blendserve.sim.simulator import SimConfig
 from blendserve.workload import MIXES, RARE_MIXES
 from as_shard import planned, shard_warmup, simulate_as_shard
 from common import RESULTS, SETUPS, hide_lengths, load_mix, provenance, size_suffix
+from tables import SEED_BASELINES, seed_speedups
 
-POLICIES = ("fcfs", "balance", "blendserve")
-BASELINES = ("fcfs", "balance")
+POLICIES = (*SEED_BASELINES, "blendserve")
 
 
 def run_seed(batch: RequestBatch, cost: CostModel, config: SimConfig, seed: int) -> dict[str, dict]:
@@ -46,15 +44,6 @@ def run_seed(batch: RequestBatch, cost: CostModel, config: SimConfig, seed: int)
     return runs
 
 
-def speedups(seeds: dict[str, dict[str, dict]]) -> dict[str, dict[str, float]]:
-    """Per baseline: blendserve's speed-up over it (baseline seconds / blendserve's), median and worst over seeds."""
-    out = {}
-    for base in BASELINES:
-        ratios = [run[base]["time_s"] / run["blendserve"]["time_s"] for run in seeds.values()]
-        out[base] = {"median": float(np.median(ratios)), "worst": float(min(ratios))}
-    return out
-
-
 def print_mix(mix: str, seeds: dict[str, dict[str, dict]]) -> None:
     print(f"\n{mix}")
     print(f"  {'seed':>4s}" + "".join(f"{p:>12s}" for p in POLICIES) + "  pick            x fcfs  x balance")
@@ -62,8 +51,8 @@ def print_mix(mix: str, seeds: dict[str, dict[str, dict]]) -> None:
         blend = run["blendserve"]["time_s"]
         print(f"  {seed:>4s}" + "".join(f"{run[p]['time_s']:12.1f}" for p in POLICIES)
               + f"  {run['blendserve']['chosen'] or '-':14s}"
-              + "".join(f"{run[b]['time_s'] / blend:9.3f}" for b in BASELINES))
-    summary = speedups(seeds)
+              + "".join(f"{run[b]['time_s'] / blend:9.3f}" for b in SEED_BASELINES))
+    summary = seed_speedups(seeds)
     print("  median / worst over the seeds: " + ", ".join(
         f"x {b} {s['median']:.3f} / {s['worst']:.3f}" for b, s in summary.items()))
 

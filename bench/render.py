@@ -18,7 +18,7 @@ from typing import Callable
 from blendserve.scheduling import PLANNER_REVISION
 from tables import (
     grid_section, peer_section, pipeline_section, planner_revision, planner_section, policies_section, rare_section,
-    sampling_section, simulator_section, summarize, timeline_section,
+    sampling_section, seeds_section, simulator_section, summarize, timeline_section,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,6 +88,13 @@ RARE_RESULTS = [
 ]
 RARE_COMMAND = ("bench/bench_policies.py --setup 8b --requests {n} --mixes rare-0.3 rare-1 shared-sys "
                 "--policies fcfs balance dfs blendserve --out")
+
+# One table's seed beside others (bench_seeds.py): (result file, its size in requests, section title).
+SEED_RESULTS = [
+    ("seeds-8b", 40_000, "Seed by seed at 40k requests: Llama-3.1-8B on one A100-80G"),
+    ("seeds-8b-20k", 20_000, "Seed by seed at 20k requests: Llama-3.1-8B on one A100-80G"),
+]
+SEED_COMMAND = "bench/bench_seeds.py --setup 8b --requests {n} --mixes <mixes> --seeds 0 1 2 --out"
 
 
 def known(name: str) -> str:
@@ -200,6 +207,7 @@ def render() -> str:
         *(part for both in policies for part in both),
         *(part for name, n, title in RARE_RESULTS
           for part in pair(title, name, rare_section, RARE_COMMAND.format(n=n))),
+        *(section(title, name, seeds_section, SEED_COMMAND.format(n=n)) for name, n, title in SEED_RESULTS),
         *pair("Utilization over time at the paper's size (its Figure 10)", "timeline-400k", timeline_section,
               "bench/bench_timeline.py --requests 400000 --out"),
         *pair("Utilization over time at 40k requests", "timeline", timeline_section,

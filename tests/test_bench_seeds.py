@@ -34,6 +34,29 @@ def test_each_seed_is_a_shard_of_its_own_and_fcfs_has_no_seed(monkeypatch) -> No
     assert seeds["1"]["fcfs"]["chosen"] is None
 
     ratios = {s: run["balance"]["time_s"] / run["blendserve"]["time_s"] for s, run in seeds.items()}
-    summary = bench_seeds.speedups(seeds)
+    import tables
+    summary = tables.seed_speedups(seeds)
     assert summary["balance"]["worst"] == pytest.approx(min(ratios.values()))
     assert summary["balance"]["median"] == pytest.approx(sum(ratios.values()) / 2)  # two seeds: their mean
+
+
+def test_the_seeds_table_shows_every_seed_and_each_mixs_median_and_worst(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import tables
+
+    prov = {"cpu": "c", "cores": 2, "python": "3", "numpy": "2", "commit": "abc", "uncommitted": [],
+            "planner": tables.PLANNER_REVISION, "date": "2026-12-04 04:00 UTC", "command": "bench_seeds.py"}
+
+    def run(blend: float) -> dict:
+        return {"fcfs": {"time_s": 100.0, "chosen": None}, "balance": {"time_s": 98.0, "chosen": None},
+                "blendserve": {"time_s": blend, "chosen": "deadline-1"}, "provenance": prov}
+
+    data = {"setup": "8B", "requests": 20_000, "lengths": "hidden",
+            "mixes": {"rare-1": {"0": run(100.0), "1": run(90.0), "2": run(95.0)}}}
+    text = tables.seeds_section(data)
+    assert "| rare-1 | 0 | 100.0 | 98.0 | 100.0 | deadline-1 | 1.000x | 0.980x |" in text
+    # over balance: 0.980, 1.089 and 1.032 -> median 1.032, worst 0.980; over fcfs: 1.000, 1.111, 1.053
+    assert "| **rare-1** | median / worst |  |  |  |  | 1.053x / 1.000x | 1.032x / 0.980x |" in text
+    assert "earlier planner revision" not in text
+    data["mixes"]["rare-1"]["1"]["provenance"] = {**prov, "planner": tables.PLANNER_REVISION - 1}
+    assert "earlier planner revision than this checkout's" in tables.seeds_section(data)
