@@ -26,7 +26,7 @@ from blendserve.sim.simulator import SimConfig
 from blendserve.workload import MIXES, RARE_MIXES
 from as_shard import planned, shard_warmup, simulate_as_shard
 from common import RESULTS, SETUPS, hide_lengths, load_mix, provenance, size_suffix
-from tables import SEED_BASELINES, seed_speedups
+from tables import SEED_BASELINES, seed_ratios, seed_speedups
 
 POLICIES = (*SEED_BASELINES, "blendserve")
 
@@ -46,12 +46,12 @@ def run_seed(batch: RequestBatch, cost: CostModel, config: SimConfig, seed: int)
 
 def print_mix(mix: str, seeds: dict[str, dict[str, dict]]) -> None:
     print(f"\n{mix}")
-    print(f"  {'seed':>4s}" + "".join(f"{p:>12s}" for p in POLICIES) + "  pick            x fcfs  x balance")
+    print(f"  {'seed':>4s}" + "".join(f"{p:>12s}" for p in POLICIES) + f"  {'pick':14s}"
+          + "".join(f"{'x ' + b:>10s}" for b in SEED_BASELINES))
     for seed, run in sorted(seeds.items(), key=lambda kv: int(kv[0])):
-        blend = run["blendserve"]["time_s"]
         print(f"  {seed:>4s}" + "".join(f"{run[p]['time_s']:12.1f}" for p in POLICIES)
               + f"  {run['blendserve']['chosen'] or '-':14s}"
-              + "".join(f"{run[b]['time_s'] / blend:9.3f}" for b in SEED_BASELINES))
+              + "".join(f"{r:10.3f}" for r in seed_ratios(run).values()))
     summary = seed_speedups(seeds)
     print("  median / worst over the seeds: " + ", ".join(
         f"x {b} {s['median']:.3f} / {s['worst']:.3f}" for b, s in summary.items()))

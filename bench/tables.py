@@ -355,13 +355,16 @@ def measured_by(data: dict, entries: dict[str, dict], what: str) -> str:
 SEED_BASELINES = ("fcfs", "balance")  # what bench_seeds.py runs blendserve against
 
 
+def seed_ratios(run: dict[str, dict]) -> dict[str, float]:
+    """One seed's speed-up of blendserve over each baseline: the baseline's seconds / blendserve's."""
+    return {base: run[base]["time_s"] / run["blendserve"]["time_s"] for base in SEED_BASELINES}
+
+
 def seed_speedups(seeds: dict[str, dict[str, dict]]) -> dict[str, dict[str, float]]:
-    """Per baseline: blendserve's speed-up over it (its seconds / blendserve's), median and worst over the seeds."""
-    out = {}
-    for base in SEED_BASELINES:
-        ratios = [run[base]["time_s"] / run["blendserve"]["time_s"] for run in seeds.values()]
-        out[base] = {"median": float(np.median(ratios)), "worst": float(min(ratios))}
-    return out
+    """Per baseline: blendserve's speed-up over it (``seed_ratios``), median and worst over the seeds."""
+    ratios = [seed_ratios(run) for run in seeds.values()]
+    return {base: {"median": float(np.median([r[base] for r in ratios])), "worst": float(min(r[base] for r in ratios))}
+            for base in SEED_BASELINES}
 
 
 def seeds_section(data: dict) -> str:
@@ -370,21 +373,20 @@ def seeds_section(data: dict) -> str:
     for mix, seeds in data["mixes"].items():
         for seed in sorted(seeds, key=int):
             run = seeds[seed]
-            blend = run["blendserve"]["time_s"]
             rows.append([mix, seed, *(f"{run[p]['time_s']:,.1f}" for p in (*SEED_BASELINES, "blendserve")),
-                         run["blendserve"]["chosen"] or "-",
-                         *(f"{run[b]['time_s'] / blend:.3f}x" for b in SEED_BASELINES)])
+                         run["blendserve"]["chosen"] or "-", *(f"{r:.3f}x" for r in seed_ratios(run).values())])
         spread = seed_speedups(seeds)
         rows.append([f"**{mix}**", "median / worst", "", "", "", "",
                      *(f"{spread[b]['median']:.3f}x / {spread[b]['worst']:.3f}x" for b in SEED_BASELINES)])
+    # Each mix once, at its oldest seed's run: a mix is stale when any of its seeds is.
+    oldest = [{"mix": mix, "provenance": min((run["provenance"] for run in seeds.values()), key=planner_revision)}
+              for mix, seeds in data["mixes"].items()]
+    intro = (f"{data['setup']}, {data['requests']:,} requests, lengths hidden, one max_tokens cap for every "
+             "request. Each row is one whole shard at one seed: its warm-up sample, its fillers' order, the "
+             "choice's subsample and `balance`'s permutation (`fcfs`, the file's order, has none). The tables above "
+             "run seed 0; a miss there smaller than the spread here is a draw, not a rank."
+             + planned_earlier_note(oldest))
+    header = ["mix", "seed", "fcfs s", "balance s", "blendserve s", "pick", *(f"x {b}" for b in SEED_BASELINES)]
     runs = [run["provenance"] for seeds in data["mixes"].values() for run in seeds.values()]
-    old = sorted({mix for mix, seeds in data["mixes"].items()
-                  if any(planner_revision(run["provenance"]) < PLANNER_REVISION for run in seeds.values())})
-    earlier = (f" Planned by an earlier planner revision than this checkout's ({PLANNER_REVISION}): {', '.join(old)}."
-               if old else "")
-    intro = (f"{data['setup']}, {data['requests']:,} requests, lengths hidden, one max_tokens cap for every request. Each row is one "
-             "whole shard at one seed: its warm-up sample, its fillers' order, the choice's subsample and `balance`'s "
-             "permutation (`fcfs`, the file's order, has none). The tables above run seed 0; a miss there smaller "
-             f"than the spread here is a draw, not a rank.{earlier}")
-    header = ["mix", "seed", "fcfs s", "balance s", "blendserve s", "pick", "x fcfs", "x balance"]
-    return f"{intro}\n\n{table(header, rows)}\n\n{provenance({'provenance': max(runs, key=lambda p: p['date'])})}"
+    latest = max(runs, key=lambda p: p["date"])
+    return f"{intro}\n\n{table(header, rows)}\n\n{provenance({'provenance': latest})}"

@@ -16,6 +16,7 @@ COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
 def test_each_seed_is_a_shard_of_its_own_and_fcfs_has_no_seed(monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(BENCH))
     import bench_seeds
+    import tables
     from as_shard import planned, shard_warmup, simulate_as_shard
     from blendserve.sim.compare import true_outputs
     from common import hide_lengths
@@ -34,7 +35,6 @@ def test_each_seed_is_a_shard_of_its_own_and_fcfs_has_no_seed(monkeypatch) -> No
     assert seeds["1"]["fcfs"]["chosen"] is None
 
     ratios = {s: run["balance"]["time_s"] / run["blendserve"]["time_s"] for s, run in seeds.items()}
-    import tables
     summary = tables.seed_speedups(seeds)
     assert summary["balance"]["worst"] == pytest.approx(min(ratios.values()))
     assert summary["balance"]["median"] == pytest.approx(sum(ratios.values()) / 2)  # two seeds: their mean
