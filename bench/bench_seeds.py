@@ -11,6 +11,11 @@ blendserve's speed-up over each baseline (its time / blendserve's), then
 the median and the worst over the seeds: a miss by under the seeds' spread
 is a draw, not a rank. ``--out`` adds the runs to
 bench/results/seeds-<setup>-<size>.json.
+
+``--filler-piece N`` is a trial of the warm-up's fillers in pieces of N
+requests (``warmup.FILLER_PIECE``): it runs blendserve only, sets it
+beside the baselines stored for the same seeds (no filler runs under them),
+and writes nothing.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.sim.compare import true_outputs
 from blendserve.sim.simulator import SimConfig
+from blendserve.scheduling import warmup as warmup_module
 from blendserve.workload import MIXES, RARE_MIXES
 from as_shard import planned, shard_warmup, simulate_as_shard
 from common import RESULTS, SETUPS, hide_lengths, load_mix, provenance, size_suffix
@@ -31,17 +38,28 @@ from tables import SEED_BASELINES, seed_ratios, seed_speedups
 POLICIES = (*SEED_BASELINES, "blendserve")
 
 
-def run_seed(batch: RequestBatch, cost: CostModel, config: SimConfig, seed: int) -> dict[str, dict]:
-    """Every policy of ``POLICIES`` as a shard of ``batch`` (lengths hidden) with ``seed``: seconds and pick."""
+def run_seed(batch: RequestBatch, cost: CostModel, config: SimConfig, seed: int,
+             policies: tuple[str, ...] = POLICIES) -> dict[str, dict]:
+    """Each of ``policies`` as a shard of ``batch`` (lengths hidden) with ``seed``: seconds and pick."""
     hidden, _ = hide_lengths(batch)
     outputs = true_outputs(hidden)
     warmup = shard_warmup(hidden, cost, seed)
     runs = {}
-    for policy in POLICIES:
+    for policy in policies:
         result, controller = simulate_as_shard(hidden, outputs, cost, config, policy, warmup, seed)
         choice = getattr(planned(controller), "choice", None)
         runs[policy] = {"time_s": result.total_time, "chosen": None if choice is None else choice.name}
     return runs
+
+
+def stored_baselines(path: Path, mix: str, seed: int) -> dict[str, dict]:
+    """The baselines' runs of ``mix`` at ``seed`` in the results file ``path``: they run bare, no fillers."""
+    stored = json.loads(path.read_text())["mixes"] if path.exists() else {}
+    run = stored.get(mix, {}).get(str(seed), {})
+    missing = [b for b in SEED_BASELINES if b not in run]
+    if missing:
+        raise SystemExit(f"{path.name} has no {', '.join(missing)} run of {mix} at seed {seed}: run it first")
+    return {b: run[b] for b in SEED_BASELINES}
 
 
 def print_mix(mix: str, seeds: dict[str, dict[str, dict]]) -> None:
@@ -64,15 +82,25 @@ def main() -> None:
     ap.add_argument("--mixes", nargs="+", required=True, choices=[*MIXES, *RARE_MIXES])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", action="store_true", help="add the runs to bench/results/seeds-<setup>-<size>.json")
+    ap.add_argument("--filler-piece", type=int, help="trial: fillers in pieces of N, beside the stored baselines")
     args = ap.parse_args()
     setup = SETUPS[args.setup]
     path = RESULTS / f"seeds-{setup.key}{size_suffix(args.requests)}.json"
+    if args.filler_piece and args.out:
+        ap.error("--filler-piece is a trial: it writes nothing")
+    if args.filler_piece:
+        warmup_module.FILLER_PIECE = args.filler_piece
     for mix in args.mixes:
         batch, _ = load_mix(mix, args.requests, setup)
         seeds = {}
         for seed in args.seeds:
             started = time.perf_counter()
-            seeds[str(seed)] = {**run_seed(batch, setup.cost(), SimConfig(), seed), "provenance": provenance()}
+            if args.filler_piece:
+                runs = {**stored_baselines(path, mix, seed), **run_seed(batch, setup.cost(), SimConfig(), seed,
+                                                                        ("blendserve",))}
+            else:
+                runs = run_seed(batch, setup.cost(), SimConfig(), seed)
+            seeds[str(seed)] = {**runs, "provenance": provenance()}
             print(f"  {mix} seed {seed}: {time.perf_counter() - started:.0f} s wall", flush=True)
         print_mix(mix, seeds)
         if args.out:  # read again: runs side by side add to the same file

@@ -60,3 +60,23 @@ def test_the_seeds_table_shows_every_seed_and_each_mixs_median_and_worst(monkeyp
     assert "earlier planner revision" not in text
     data["mixes"]["rare-1"]["1"]["provenance"] = {**prov, "planner": tables.PLANNER_REVISION - 1}
     assert "earlier planner revision than this checkout's" in tables.seeds_section(data)
+
+
+def test_a_filler_trial_takes_the_stored_baselines_of_its_seed_and_says_when_one_is_missing(monkeypatch,
+                                                                                              tmp_path) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import json
+
+    import bench_seeds
+
+    path = tmp_path / "seeds-8b.json"
+    path.write_text(json.dumps({"mixes": {"rare-1": {
+        "0": {"fcfs": {"time_s": 10.0}, "balance": {"time_s": 9.0}, "blendserve": {"time_s": 8.0}},
+        "1": {"fcfs": {"time_s": 10.0}}}}}))
+    assert bench_seeds.stored_baselines(path, "rare-1", 0) == {"fcfs": {"time_s": 10.0}, "balance": {"time_s": 9.0}}
+    with pytest.raises(SystemExit, match="no balance run of rare-1 at seed 1"):
+        bench_seeds.stored_baselines(path, "rare-1", 1)
+    with pytest.raises(SystemExit, match="no fcfs, balance run of d0.9-s5 at seed 0"):
+        bench_seeds.stored_baselines(path, "d0.9-s5", 0)
+    with pytest.raises(SystemExit, match="no fcfs, balance run"):
+        bench_seeds.stored_baselines(tmp_path / "missing.json", "rare-1", 0)

@@ -442,6 +442,37 @@ def test_fillers_keep_each_cold_prefix_unit_together_in_a_random_order_of_units(
     assert orders[0].tolist() != orders[1].tolist()  # seeded
 
 
+def test_fillers_in_pieces_cut_a_large_unit_and_leave_small_ones_whole() -> None:
+    """``piece``: a unit's requests in runs of at most that many, so a unit of many long answers does not start
+    as one burst; a caption's four questions (a unit of 4) stay one run."""
+    from blendserve.scheduling.blend import prefix_units
+    from blendserve.scheduling.warmup import filler_order
+
+    batch, is_caption = _captions_batch(captions=20, questions=12, singles=1200)  # a caption under 1% of leaves
+    tree = build_prefix_tree(batch, COST)
+    units = prefix_units(tree)[tree.request_leaf]
+    assert len(np.unique(units[is_caption])) == 20  # one unit a caption
+    others = np.arange(len(batch))
+    for piece in (4, 5, 12):  # 12 questions a caption: 4+4+4, 5+5+2, one run
+        order = filler_order(tree, others, others, 0, piece=piece)
+        assert sorted(order.tolist()) == others.tolist()  # each filler once
+        position = np.argsort(order)
+        cut = 0
+        for unit in np.unique(units[is_caption]):
+            members = np.flatnonzero(units == unit)
+            members = members[np.argsort(tree.request_leaf[members], kind="stable")]  # leaf order
+            chunks = [members[k : k + piece] for k in range(0, len(members), piece)]
+            for chunk in chunks:  # each piece one run, in leaf order
+                assert np.diff(position[chunk]).tolist() == [1] * (len(chunk) - 1)
+            cut += len(np.unique(np.diff(np.sort(position[members])) > 1)) > 1
+        assert (cut > 15) == (piece < 12)  # pieces of a caption land apart (a few next to each other by chance)
+    batch4, _ = _captions_batch()  # four questions a caption: pieces of 4 are its units
+    tree4 = build_prefix_tree(batch4, COST)
+    units4 = prefix_units(tree4)[tree4.request_leaf]
+    seen4 = units4[filler_order(tree4, np.arange(len(batch4)), np.arange(len(batch4)), 3, piece=4)]
+    assert np.count_nonzero(np.diff(seen4)) + 1 == len(np.unique(seen4))  # every unit still one run
+
+
 @pytest.mark.parametrize("progress, planned", [(2048, False), (4096, True)])
 def test_a_finished_long_sample_does_not_hold_the_plan_until_the_other_long_ones_end(progress, planned) -> None:
     """One long answer finished at 9,000 tokens: the others count as long once past LONG_ENOUGH, not only

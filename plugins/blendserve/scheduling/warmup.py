@@ -53,6 +53,12 @@ REPLAN_MOVE = 0.25  # relative change of the rest's estimated output that plans 
 MAX_REPLANS = 0
 
 
+# Requests of one prefix unit admitted together as fillers; None: the whole unit. A unit can hold a burst
+# of long answers (one of rare-1's 20k units held 83 of its 200 over 4,096 tokens), which then run side by
+# side before the plan. Pieces of 4 keep a caption's four questions together; measured at 20k, 40k and
+# 400k in docs/PLANNER_NOTES.md ("fillers in pieces"), not yet the default.
+FILLER_PIECE: int | None = None
+
 # Draws of the unknown lengths (``estimator.draw_outputs``) a plan is tried under besides the estimates'
 # means: ``PolicyContext.output_draws``.
 DRAWS = 3
@@ -78,9 +84,11 @@ def rest_context(batch: RequestBatch, estimates: Estimates, cost_model: CostMode
                          output_draws=tuple(draw_outputs(estimates, DRAWS, seed)))
 
 
-def filler_order(tree: PrefixTree, request_of: np.ndarray, others: np.ndarray, seed: int = 0) -> np.ndarray:
+def filler_order(tree: PrefixTree, request_of: np.ndarray, others: np.ndarray, seed: int = 0,
+                 piece: int | None = None) -> np.ndarray:
     """``others`` (controller indices; ``request_of`` maps them to the tree's requests) in the order fillers are
-    admitted: prefix units in a seeded random order, each unit's requests together in leaf order.
+    admitted: prefix units in a seeded random order, each unit's requests together in leaf order; with
+    ``piece`` (default ``FILLER_PIECE``), each unit's ``others`` cut in runs of that many, in a random order.
 
     A random order of single requests split a unit's siblings between the fillers and the plan: on a
     vLLM-CPU batch of 400 caption labels (four questions a caption), a quarter of the job ran as fillers and
@@ -88,9 +96,15 @@ def filler_order(tree: PrefixTree, request_of: np.ndarray, others: np.ndarray, s
     """
     others = np.asarray(others, dtype=np.int64)
     leaf = tree.request_leaf[np.asarray(request_of, dtype=np.int64)[others]]
-    units = prefix_units(tree)
-    key = np.random.default_rng(seed).random(int(units[-1]) + 1 if len(units) else 0)[units[leaf]]
-    return others[np.lexsort((leaf, key))]
+    by_leaf = np.argsort(leaf, kind="stable")
+    unit = prefix_units(tree)[leaf[by_leaf]]  # along the leaf order
+    piece = FILLER_PIECE if piece is None else piece
+    if piece:  # a new piece every ``piece`` requests of a unit
+        first = np.r_[0, np.flatnonzero(np.diff(unit)) + 1]  # where each unit starts
+        rank = np.arange(len(unit)) - np.repeat(first, np.diff(np.r_[first, len(unit)]))
+        unit = np.cumsum((rank % piece == 0)) - 1
+    key = np.random.default_rng(seed).random(int(unit[-1]) + 1 if len(unit) else 0)[unit]
+    return others[by_leaf][np.argsort(key, kind="stable")]
 
 
 class WarmupController:
