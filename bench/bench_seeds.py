@@ -12,10 +12,12 @@ the median and the worst over the seeds: a miss by under the seeds' spread
 is a draw, not a rank. ``--out`` adds the runs to
 bench/results/seeds-<setup>-<size>.json.
 
-``--filler-piece N`` is a trial of the warm-up's fillers in pieces of N
-requests (``warmup.FILLER_PIECE``): it runs blendserve only, sets it
-beside the baselines stored for the same seeds (no filler runs under them),
-and writes nothing.
+A trial changes one of the warm-up's knobs: ``--filler-piece N``, the
+fillers in pieces of N requests (``warmup.FILLER_PIECE``); ``--replans N``
+(with ``--replan-move X``), up to N re-plans of the rest when its estimated
+output moves by X (``warmup.MAX_REPLANS``, ``REPLAN_MOVE``). A trial runs
+blendserve only, sets it beside the baselines stored for the same seeds (no
+warm-up runs under them), and writes nothing.
 """
 
 from __future__ import annotations
@@ -62,6 +64,20 @@ def stored_baselines(path: Path, mix: str, seed: int) -> dict[str, dict]:
     return {b: run[b] for b in SEED_BASELINES}
 
 
+def start_trial(filler_piece: int | None = None, replans: int | None = None, replan_move: float | None = None,
+                ) -> bool:
+    """Set the warm-up knobs a trial asks for; whether any was asked for (then only blendserve runs)."""
+    if filler_piece:
+        warmup_module.FILLER_PIECE = filler_piece
+    if replans:
+        warmup_module.MAX_REPLANS = replans
+    if replan_move is not None:
+        if not replans:
+            raise SystemExit("--replan-move needs --replans")
+        warmup_module.REPLAN_MOVE = replan_move
+    return bool(filler_piece or replans)
+
+
 def print_mix(mix: str, seeds: dict[str, dict[str, dict]]) -> None:
     print(f"\n{mix}")
     print(f"  {'seed':>4s}" + "".join(f"{p:>12s}" for p in POLICIES) + f"  {'pick':14s}"
@@ -83,19 +99,20 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", action="store_true", help="add the runs to bench/results/seeds-<setup>-<size>.json")
     ap.add_argument("--filler-piece", type=int, help="trial: fillers in pieces of N, beside the stored baselines")
+    ap.add_argument("--replans", type=int, help="trial: up to N re-plans of the rest, beside the stored baselines")
+    ap.add_argument("--replan-move", type=float, help="with --replans: the estimates' move that re-plans")
     args = ap.parse_args()
     setup = SETUPS[args.setup]
     path = RESULTS / f"seeds-{setup.key}{size_suffix(args.requests)}.json"
-    if args.filler_piece and args.out:
-        ap.error("--filler-piece is a trial: it writes nothing")
-    if args.filler_piece:
-        warmup_module.FILLER_PIECE = args.filler_piece
+    trial = start_trial(args.filler_piece, args.replans, args.replan_move)
+    if trial and args.out:
+        ap.error("a trial (--filler-piece, --replans) writes nothing")
     for mix in args.mixes:
         batch, _ = load_mix(mix, args.requests, setup)
         seeds = {}
         for seed in args.seeds:
             started = time.perf_counter()
-            if args.filler_piece:
+            if trial:
                 runs = {**stored_baselines(path, mix, seed), **run_seed(batch, setup.cost(), SimConfig(), seed,
                                                                         ("blendserve",))}
             else:

@@ -80,3 +80,19 @@ def test_a_filler_trial_takes_the_stored_baselines_of_its_seed_and_says_when_one
         bench_seeds.stored_baselines(path, "d0.9-s5", 0)
     with pytest.raises(SystemExit, match="no fcfs, balance run"):
         bench_seeds.stored_baselines(tmp_path / "missing.json", "rare-1", 0)
+
+
+def test_a_replan_trial_sets_the_warmups_knobs_and_a_bare_run_leaves_them(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_seeds
+    from blendserve.scheduling import warmup
+
+    for name in ("FILLER_PIECE", "MAX_REPLANS", "REPLAN_MOVE"):
+        monkeypatch.setattr(warmup, name, getattr(warmup, name))  # restored after the test
+    before = (warmup.FILLER_PIECE, warmup.MAX_REPLANS, warmup.REPLAN_MOVE)
+    assert bench_seeds.start_trial() is False
+    assert (warmup.FILLER_PIECE, warmup.MAX_REPLANS, warmup.REPLAN_MOVE) == before
+    with pytest.raises(SystemExit, match="--replan-move needs --replans"):
+        bench_seeds.start_trial(replan_move=0.1)
+    assert bench_seeds.start_trial(replans=2, replan_move=0.1) is True
+    assert (warmup.MAX_REPLANS, warmup.REPLAN_MOVE, warmup.FILLER_PIECE) == (2, 0.1, before[0])
