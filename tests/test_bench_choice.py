@@ -49,3 +49,33 @@ def test_the_pick_and_its_draws_are_the_shards_and_the_truth_is_simulated_on_the
     fastest = min(times, key=lambda n: times[n]["truth"])
     assert choice_rules.regret(lambda _: fastest, times) == 1.0
     assert all(choice_rules.regret(rule, times) >= 1.0 for rule in choice_rules.RULES.values())
+
+
+def test_plans_that_know_more_are_timed_on_the_truth_and_the_truths_plan_picks_its_fastest(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_choice
+    import bench_information as info
+    from common import hide_lengths
+    from synthetic import synthetic_batch
+
+    means, truth = np.array([10, 10, 8_000, 8_000]), np.array([3, 40, 5_000, 20_000])
+    assert info.informed(means, truth, "estimates") is means
+    assert info.informed(means, truth, "long-level").tolist() == [10, 10, 12_500, 12_500]
+    assert info.informed(means, truth, "long").tolist() == [10, 10, 5_000, 20_000]
+    assert info.informed(means, truth, "truth").tolist() == truth.tolist()
+    with pytest.raises(ValueError, match="unknown knowledge"):
+        info.informed(means, truth, "everything")
+
+    batch, _ = hide_lengths(synthetic_batch(900, mean_prompt=120, family_size=40, memory_heavy_fraction=0.3,
+                                            seed=5))
+    outputs = true_outputs(batch)
+    point, _ = bench_choice.run_to_plan(batch, outputs, COST, SimConfig())
+    rest_truth = np.maximum(outputs[point.rest], 1)
+    picked, on_truth = info.informed_times(point, rest_truth, "truth")
+    assert picked == min(on_truth, key=on_truth.get)
+    _, on_estimates = info.informed_times(point, rest_truth, "estimates")
+    # fcfs is the rest in its order whatever the estimates: the same run on the truth in both columns.
+    assert on_estimates["fcfs"] == pytest.approx(on_truth["fcfs"])
+    direct = simulate(batch.take(point.rest), outputs[point.rest], COST, StaticOrder(np.arange(len(point.rest))),
+                      SimConfig(kv_capacity_tokens=kv_capacity_tokens(COST, SimConfig())))
+    assert on_estimates["fcfs"] == pytest.approx(direct.total_time)
