@@ -83,15 +83,20 @@ def run_to_plan(batch: RequestBatch, outputs: np.ndarray, cost: CostModel, confi
     return planner.point, when
 
 
+def times_on(ctx: PolicyContext, made: choice.Choosing, lengths: tuple[np.ndarray, ...]) -> dict[str, tuple[float, ...]]:
+    """Every candidate ``made`` built, simulated on each of ``lengths`` (the rest's); the same seed, so the same
+    subsample as the choice's."""
+    return choice.Predictor(ctx.batch, made.items, ctx.output_estimates, ctx.cost_model, ctx.kv_capacity_tokens,
+                            seed=ctx.seed, draws=lengths).choose(made.candidates).scenario_s
+
+
 def candidate_times(point: PlanPoint, outputs: np.ndarray) -> tuple[str, dict[str, dict]]:
     """The choice's pick, and every candidate's simulated seconds on the draws, the means and the truth."""
     ctx = point.context
     made = choice.choose(ctx)
-    # The same candidates on the means and on the truth (the same seed: the same subsample as the choice's).
-    other = choice.Predictor(ctx.batch, made.items, ctx.output_estimates, ctx.cost_model, ctx.kv_capacity_tokens,
-                             seed=ctx.seed, draws=(ctx.output_estimates, outputs[point.rest])).choose(made.candidates)
-    times = {name: {"draws": list(made.choice.scenario_s[name]), "means": other.scenario_s[name][0],
-                    "truth": other.scenario_s[name][1]} for name in made.choice.scenario_s}
+    other = times_on(ctx, made, (ctx.output_estimates, outputs[point.rest]))
+    times = {name: {"draws": list(made.choice.scenario_s[name]), "means": other[name][0],
+                    "truth": other[name][1]} for name in made.choice.scenario_s}
     return made.choice.name, times
 
 

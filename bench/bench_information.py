@@ -32,7 +32,7 @@ from blendserve.scheduling.warmup import LONG_ENOUGH
 from blendserve.sim.compare import true_outputs
 from blendserve.sim.simulator import SimConfig
 from blendserve.workload import MIXES, RARE_MIXES
-from bench_choice import PlanPoint, run_to_plan
+from bench_choice import PlanPoint, run_to_plan, times_on
 from common import SETUPS, hide_lengths, load_mix
 
 KNOWS = ("estimates", "long-level", "long", "truth")
@@ -59,8 +59,7 @@ def informed_times(point: PlanPoint, truth: np.ndarray, knows: str) -> tuple[str
     made = choice.choose(ctx)
     times = made.choice.scenario_s
     if knows != "truth":  # simulated on what it knew: now on the truth, the same subsample and candidates
-        times = choice.Predictor(ctx.batch, made.items, ctx.output_estimates, ctx.cost_model, ctx.kv_capacity_tokens,
-                                 seed=ctx.seed, draws=(truth,)).choose(made.candidates).scenario_s
+        times = times_on(ctx, made, (truth,))
     return made.choice.name, {name: float(t[0]) for name, t in times.items()}
 
 

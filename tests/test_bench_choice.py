@@ -16,6 +16,12 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
 
 
+def fcfs_on_truth(batch, outputs: np.ndarray, rest: np.ndarray) -> float:  # type: ignore[no-untyped-def]
+    """Seconds of the ``rest`` in its order on its true lengths, from an empty engine."""
+    return simulate(batch.take(rest), outputs[rest], COST, StaticOrder(np.arange(len(rest))),
+                    SimConfig(kv_capacity_tokens=kv_capacity_tokens(COST, SimConfig()))).total_time
+
+
 def test_the_pick_and_its_draws_are_the_shards_and_the_truth_is_simulated_on_the_rest(monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(BENCH))
     import bench_choice
@@ -38,9 +44,7 @@ def test_the_pick_and_its_draws_are_the_shards_and_the_truth_is_simulated_on_the
     # Every request either started before the plan or is in the rest it planned.
     assert when["started"] + len(point.rest) == len(batch) and when["clock_s"] > 0
     # The truth column: the candidate's list run on the rest's true lengths (fcfs: the rest in its order).
-    direct = simulate(batch.take(point.rest), outputs[point.rest], COST, StaticOrder(np.arange(len(point.rest))),
-                      SimConfig(kv_capacity_tokens=kv_capacity_tokens(COST, config)))
-    assert times["fcfs"]["truth"] == pytest.approx(direct.total_time)
+    assert times["fcfs"]["truth"] == pytest.approx(fcfs_on_truth(batch, outputs, point.rest))
     assert any(t["truth"] != t["means"] for t in times.values())
 
     # choice_rules scores the same rule offline from the stored draws: it names the shard's pick.
@@ -76,6 +80,4 @@ def test_plans_that_know_more_are_timed_on_the_truth_and_the_truths_plan_picks_i
     _, on_estimates = info.informed_times(point, rest_truth, "estimates")
     # fcfs is the rest in its order whatever the estimates: the same run on the truth in both columns.
     assert on_estimates["fcfs"] == pytest.approx(on_truth["fcfs"])
-    direct = simulate(batch.take(point.rest), outputs[point.rest], COST, StaticOrder(np.arange(len(point.rest))),
-                      SimConfig(kv_capacity_tokens=kv_capacity_tokens(COST, SimConfig())))
-    assert on_estimates["fcfs"] == pytest.approx(direct.total_time)
+    assert on_estimates["fcfs"] == pytest.approx(fcfs_on_truth(batch, outputs, point.rest))
