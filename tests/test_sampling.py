@@ -12,6 +12,7 @@ from blendserve.scheduling.admission import EngineState
 from blendserve.scheduling.dual_scan import LEFT, RIGHT, DualScanController, ScanItems
 from synthetic import batch_from_prompts, synthetic_batch
 from blendserve.sampling import (
+    draw_outputs,
     estimate_outputs,
     estimate_report,
     estimate_table,
@@ -315,6 +316,31 @@ def test_a_family_under_the_prompt_all_share_is_told_apart_by_its_group() -> Non
     batch.group = None
     blind = estimate_outputs(batch, tree, sampled, truth[sampled])
     assert np.median(blind.mean[unsampled]) < 0.2 * np.median(truth[family])
+
+
+def test_a_family_spread_over_prompt_lengths_is_estimated_from_its_whole_group() -> None:
+    """Long answers of one group whose prompts fall in four length buckets, under the system prompt the short
+    answers share: two samples per bucket are too few for a bucket, eight for the group are enough."""
+    rng = np.random.default_rng(5)
+    system = list(rng.integers(100, 30_000, size=50))
+    short, per_bucket = 2000, 10
+    extra = [int(rng.integers(20, 40)) for _ in range(short)]
+    extra += [size for size in (20, 100, 300, 1000) for _ in range(per_bucket)]  # buckets 64, 128, 256, 1024
+    batch = batch_from_prompts([system + list(rng.integers(100, 30_000, size=k)) for k in extra], max_tokens=16_384)
+    truth = np.r_[rng.integers(2, 40, size=short), rng.integers(6_000, 10_000, size=4 * per_bucket)]
+    batch.group = np.where(np.arange(len(extra)) >= short, 1, 0)
+    tree = build_prefix_tree(batch, COST)
+    family = np.arange(short, len(extra))
+    sampled = np.r_[np.arange(0, short, 50), family[::per_bucket], family[1::per_bucket]]  # 2 per bucket
+    unsampled = np.setdiff1d(family, sampled)
+    est = estimate_outputs(batch, tree, sampled, truth[sampled])
+    assert np.all(est.mean[unsampled] > 5_000)
+    for draw in draw_outputs(est, 3, seed=0):  # drawn from the group's samples, not the short answers'
+        assert np.all(draw[unsampled] >= truth[sampled[sampled >= short]].min())
+    short_rest = np.setdiff1d(np.arange(short), sampled)
+    assert np.median(est.mean[short_rest]) < 100
+    batch.group = None  # the same samples, no group: the short answers' subtree wins
+    assert np.median(estimate_outputs(batch, tree, sampled, truth[sampled]).mean[unsampled]) < 2_000
 
 
 def test_a_batch_read_from_a_table_knows_each_requests_group() -> None:

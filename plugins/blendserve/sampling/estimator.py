@@ -10,6 +10,9 @@ not diluted by the rest of the parent. A prompt-side stratum (``strata``:
 prompt length and cap buckets) with enough samples takes over where its
 samples vary less, relative to their mean, than the subtree's: a rare family
 of long answers hidden under a common prefix is told apart by its prompts.
+Where a request's own stratum holds too few samples, its group's (all prompt
+lengths of its source file and task tag, same cap bucket) may take over by
+the same rule.
 The mean feeds the planner's densities; a high quantile of the same samples
 is there for KV budgeting. ``draw_outputs`` resamples each request's length
 from the samples its estimate came from, so a choice made on estimates can
@@ -127,10 +130,9 @@ def estimate_outputs(
     fallback = default_output_estimates(batch).astype(np.float64)
     none = req_source < 0
     mean[none], high[none], std[none], req_kind[none] = fallback[none], fallback[none], 0.0, NO_SAMPLE
-    stratum = strata(batch)
     mixed = _mixed_sources(tree, sample_leaf, batch.group, sampled_idx[order], req_source)
-    _overlay_strata(stratum, sampled_idx, observed, max(min_samples, 1), quantile,
-                    mean, high, std, req_kind, req_source, mixed)
+    stratum = _overlay_levels(batch, sampled_idx, observed, max(min_samples, 1), quantile,
+                              mean, high, std, req_kind, req_source, mixed)
     _overlay_observed(tree, sample_leaf, sample_len, mean, high, std, req_kind, req_source)
     known = batch.expected_output_tokens != UNKNOWN
     mean[known] = high[known] = batch.expected_output_tokens[known]
@@ -139,9 +141,11 @@ def estimate_outputs(
     progress = np.zeros(len(sampled_idx)) if running is None else np.asarray(running, dtype=np.float64)
     low = np.where(progress > 0, progress, observed)
     top = np.where(progress > 0, np.maximum(cap[sampled_idx], progress), observed)
-    pool_from, pool_to, pool_lo, pool_hi = _draw_ranges(tree, sample_leaf, (low[order], top[order]),
-                                                        stratum[sampled_idx], (low, top), stratum, req_kind,
-                                                        req_source)
+    fine, grouped = strata(batch), _group_level(batch)
+    # A sample stands in both levels: its own stratum's pool and its group's.
+    pool_from, pool_to, pool_lo, pool_hi = _draw_ranges(
+        tree, sample_leaf, (low[order], top[order]), np.r_[fine[sampled_idx], grouped[sampled_idx]],
+        (np.r_[low, low], np.r_[top, top]), stratum, req_kind, req_source)
     return Estimates(
         mean=np.clip(np.rint(mean).astype(np.int64), 1, cap),
         high=np.clip(np.ceil(high).astype(np.int64), 1, cap),
@@ -258,12 +262,36 @@ def _mixed_sources(tree: PrefixTree, sample_leaf: np.ndarray, group: np.ndarray 
     return (req_source >= 0) & (group != single[inverse])
 
 
+def _group_level(batch: RequestBatch) -> np.ndarray:
+    """(n,) each request's group-and-cap stratum, numbered after the fine strata (one id space for both)."""
+    return strata(batch, prompt_buckets=False) + int(strata(batch).max(initial=-1)) + 1
+
+
+def _overlay_levels(batch: RequestBatch, sampled_idx: np.ndarray, observed: np.ndarray, min_samples: int,
+                    quantile: float, mean: np.ndarray, high: np.ndarray, std: np.ndarray, kind: np.ndarray,
+                    source: np.ndarray, mixed: np.ndarray) -> np.ndarray:
+    """``_overlay_strata`` on the fine strata, then on the group-and-cap ones for the requests the first left to
+    their subtree; returns (n,) the stratum each request's estimate came from (either level's id).
+
+    A family of long answers spreads over several prompt-length buckets. On the 40k d1.4-s35 mix (8B,
+    lengths hidden) its 155 videos sat in 14 fine strata of 1-14 requests in three groups; the warm-up drew
+    13 of them, every one long, but most fine strata held fewer than three, and 40 of the 134 long answers
+    left to plan took a 2-token estimate from multiple-choice questions under the same system prompt.
+    """
+    fine, grouped = strata(batch), _group_level(batch)
+    _overlay_strata(fine, sampled_idx, observed, min_samples, quantile, mean, high, std, kind, source, mixed)
+    by_tree = kind != STRATUM
+    _overlay_strata(grouped, sampled_idx, observed, min_samples, quantile, mean, high, std, kind, source,
+                    mixed, among=by_tree)
+    return np.where(by_tree & (kind == STRATUM), grouped, fine)
+
+
 def _overlay_strata(stratum: np.ndarray, sampled_idx: np.ndarray, observed: np.ndarray, min_samples: int,
                     quantile: float, mean: np.ndarray, high: np.ndarray, std: np.ndarray, kind: np.ndarray,
-                    source: np.ndarray, mixed: np.ndarray) -> None:
-    """A request takes its stratum's samples where the stratum has ``min_samples`` and they vary less (standard
-    deviation over mean) than those of the subtree that estimated it, or no subtree did, or that subtree's
-    samples came from other groups too (``mixed``)."""
+                    source: np.ndarray, mixed: np.ndarray, among: np.ndarray | None = None) -> None:
+    """A request (of ``among``, default all) takes its stratum's samples where the stratum has ``min_samples``
+    and they vary less (standard deviation over mean) than those of the subtree that estimated it, or no
+    subtree did, or that subtree's samples came from other groups too (``mixed``)."""
     if not len(sampled_idx):
         return
     of_sample = stratum[sampled_idx]
@@ -275,6 +303,8 @@ def _overlay_strata(stratum: np.ndarray, sampled_idx: np.ndarray, observed: np.n
         s_std = np.sqrt(np.maximum(squares / count - s_mean**2, 0.0))
         better = (count[stratum] >= min_samples) & (
             (kind == NO_SAMPLE) | mixed | (s_std[stratum] / s_mean[stratum] < std / np.maximum(mean, 1e-9)))
+    if among is not None:
+        better &= among
     for s in np.unique(stratum[better]).tolist():
         at = better & (stratum == s)
         values = observed[of_sample == s]

@@ -24,12 +24,13 @@ POTENTIAL_SHARE = 0.01
 PER_STRATUM = 3  # samples a covered stratum gets: the estimator's min_samples, so they are used
 
 
-def strata(batch: RequestBatch) -> np.ndarray:
+def strata(batch: RequestBatch, prompt_buckets: bool = True) -> np.ndarray:
     """(n,) stratum of each request: power-of-two bucket of its prompt length x of its max_tokens x its group
-    (``RequestBatch.group``: source file and task tag)."""
+    (``RequestBatch.group``: source file and task tag); without ``prompt_buckets``, its group x its cap
+    bucket only (the estimator's coarser level: a family spread over several prompt lengths)."""
     prompt = np.floor(np.log2(np.maximum(batch.prompt_lens, 1))).astype(np.int64)
     cap = np.floor(np.log2(np.maximum(batch.max_tokens.astype(np.int64), 1))).astype(np.int64)
-    key = prompt * 64 + cap
+    key = prompt * 64 + cap if prompt_buckets else cap
     if batch.group is not None:
         key = key + batch.group.astype(np.int64) * 4096
     return np.unique(key, return_inverse=True)[1].astype(np.int64)

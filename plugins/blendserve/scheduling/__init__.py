@@ -16,4 +16,6 @@ The tree side (prefix tree, sort and split, groups, shards, scan items) is ``ble
 # The planner's revision, stored with every benchmark result (bench/common.py) so that a table planned by an
 # earlier revision says so until it is rerun. Bumped by a change that alters what blendserve orders:
 # 1 (2026-12-03): a hot prefix on under 20% of the leaves is cut in pieces (``blend.HOT_PIECE``).
-PLANNER_REVISION = 1
+# 2 (2026-12-05): a request whose own stratum has too few samples is estimated from its group's
+#   (``sampling.estimator``: a family of long answers spread over several prompt lengths).
+PLANNER_REVISION = 2
