@@ -87,8 +87,6 @@ def test_every_unsampled_request_has_an_estimate_with_spread() -> None:
 
 
 def test_draws_resample_the_samples_behind_each_estimate() -> None:
-    from blendserve.sampling import draw_outputs
-
     batch, _, sampled, observed, est = _hand_estimates()
     draws = np.stack(draw_outputs(est, 200, seed=1))
     assert draws.shape == (200, len(batch))
@@ -107,8 +105,6 @@ def test_draws_resample_the_samples_behind_each_estimate() -> None:
 
 
 def test_a_running_sample_is_drawn_between_its_progress_and_its_cap() -> None:
-    from blendserve.sampling import draw_outputs
-
     batch, tree, sampled, observed, _ = _hand_estimates()
     # B1's sample (request 6) still runs at 50 tokens; 400 is what it is expected to reach (cap 1000).
     running = np.where(sampled == 6, 50, 0)

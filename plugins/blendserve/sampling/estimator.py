@@ -131,7 +131,9 @@ def estimate_outputs(
     none = req_source < 0
     mean[none], high[none], std[none], req_kind[none] = fallback[none], fallback[none], 0.0, NO_SAMPLE
     mixed = _mixed_sources(tree, sample_leaf, batch.group, sampled_idx[order], req_source)
-    stratum = _overlay_levels(batch, sampled_idx, observed, max(min_samples, 1), quantile,
+    fine = strata(batch)
+    grouped = strata(batch, prompt_buckets=False) + int(fine.max(initial=-1)) + 1  # one id space for both levels
+    stratum = _overlay_levels(fine, grouped, sampled_idx, observed, max(min_samples, 1), quantile,
                               mean, high, std, req_kind, req_source, mixed)
     _overlay_observed(tree, sample_leaf, sample_len, mean, high, std, req_kind, req_source)
     known = batch.expected_output_tokens != UNKNOWN
@@ -141,7 +143,6 @@ def estimate_outputs(
     progress = np.zeros(len(sampled_idx)) if running is None else np.asarray(running, dtype=np.float64)
     low = np.where(progress > 0, progress, observed)
     top = np.where(progress > 0, np.maximum(cap[sampled_idx], progress), observed)
-    fine, grouped = strata(batch), _group_level(batch)
     # A sample stands in both levels: its own stratum's pool and its group's.
     pool_from, pool_to, pool_lo, pool_hi = _draw_ranges(
         tree, sample_leaf, (low[order], top[order]), np.r_[fine[sampled_idx], grouped[sampled_idx]],
@@ -262,23 +263,17 @@ def _mixed_sources(tree: PrefixTree, sample_leaf: np.ndarray, group: np.ndarray 
     return (req_source >= 0) & (group != single[inverse])
 
 
-def _group_level(batch: RequestBatch) -> np.ndarray:
-    """(n,) each request's group-and-cap stratum, numbered after the fine strata (one id space for both)."""
-    return strata(batch, prompt_buckets=False) + int(strata(batch).max(initial=-1)) + 1
-
-
-def _overlay_levels(batch: RequestBatch, sampled_idx: np.ndarray, observed: np.ndarray, min_samples: int,
+def _overlay_levels(fine: np.ndarray, grouped: np.ndarray, sampled_idx: np.ndarray, observed: np.ndarray, min_samples: int,
                     quantile: float, mean: np.ndarray, high: np.ndarray, std: np.ndarray, kind: np.ndarray,
                     source: np.ndarray, mixed: np.ndarray) -> np.ndarray:
-    """``_overlay_strata`` on the fine strata, then on the group-and-cap ones for the requests the first left to
-    their subtree; returns (n,) the stratum each request's estimate came from (either level's id).
+    """``_overlay_strata`` on the ``fine`` strata, then on the group-and-cap ones (``grouped``, numbered after the
+    fine ones) for the requests the first left to their subtree; returns (n,) the stratum each request's estimate came from (either level's id).
 
     A family of long answers spreads over several prompt-length buckets. On the 40k d1.4-s35 mix (8B,
     lengths hidden) its 155 videos sat in 14 fine strata of 1-14 requests in three groups; the warm-up drew
     13 of them, every one long, but most fine strata held fewer than three, and 40 of the 134 long answers
     left to plan took a 2-token estimate from multiple-choice questions under the same system prompt.
     """
-    fine, grouped = strata(batch), _group_level(batch)
     _overlay_strata(fine, sampled_idx, observed, min_samples, quantile, mean, high, std, kind, source, mixed)
     by_tree = kind != STRATUM
     _overlay_strata(grouped, sampled_idx, observed, min_samples, quantile, mean, high, std, kind, source,
