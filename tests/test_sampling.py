@@ -339,6 +339,36 @@ def test_a_family_spread_over_prompt_lengths_is_estimated_from_its_whole_group()
     assert np.median(estimate_outputs(batch, tree, sampled, truth[sampled]).mean[unsampled]) < 2_000
 
 
+def test_a_family_of_one_prompt_length_each_is_sampled_as_a_group() -> None:
+    """Six long answers of one group, each alone in its prompt-length bucket: no bucket can be covered (one
+    request), the group could hold a material share of the work, so the warm-up draws from it as a group."""
+    rng = np.random.default_rng(6)
+    system = list(rng.integers(100, 30_000, size=50))
+    short = 3000
+    extra = [int(rng.integers(300, 500)) for _ in range(short)] + [30, 100, 300, 700, 1500, 3500]
+    batch = batch_from_prompts([system + list(rng.integers(100, 30_000, size=k)) for k in extra], max_tokens=16_384)
+    truth = np.r_[rng.integers(2, 40, size=short), rng.integers(6_000, 10_000, size=6)]
+    batch.group = np.where(np.arange(len(extra)) >= short, 1, 0)
+    tree = build_prefix_tree(batch, COST)
+    family = np.arange(short, len(extra))
+    sampled = select_samples(batch, tree, rate=0.01, min_subtree=100, seed=0)
+    assert np.isin(family, sampled).sum() == 3  # PER_STRATUM of the group; a 1% draw expects 0.06
+    unsampled = np.setdiff1d(family, sampled)
+    assert np.all(estimate_outputs(batch, tree, sampled, truth[sampled]).mean[unsampled] > 5_000)
+    assert len(sampled) < 0.02 * len(batch)  # the group's picks add to the 1% draw, not multiply it
+
+
+def test_groups_add_at_most_the_uniform_draw_to_the_sample() -> None:
+    """A thousand groups of three, each request alone in its prompt-length bucket: every group could hold a
+    share of the work, and sampling each would run the whole job first."""
+    rng = np.random.default_rng(7)
+    extra = [size for _ in range(1000) for size in (30, 300, 1500)]
+    batch = batch_from_prompts([list(rng.integers(100, 30_000, size=k)) for k in extra], max_tokens=16_384)
+    batch.group = np.repeat(np.arange(1000), 3)
+    sampled = select_samples(batch, build_prefix_tree(batch, COST), rate=0.01, min_subtree=100, seed=0)
+    assert 2 * 30 - 5 <= len(sampled) <= 2 * 30  # the 1% draw and as many group picks (a few may coincide)
+
+
 def test_a_batch_read_from_a_table_knows_each_requests_group() -> None:
     import pyarrow as pa
 

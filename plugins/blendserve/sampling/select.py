@@ -14,7 +14,7 @@ import numpy as np
 
 from blendserve.batch import UNKNOWN, RequestBatch
 from blendserve.planner.prefix_tree import PrefixTree
-from blendserve.sampling.strata import PER_STRATUM, covered_strata, strata
+from blendserve.sampling.strata import GROUP_SHARE, PER_STRATUM, covered_strata, potential_shares, strata
 
 DEFAULT_RATE = 0.01  # the paper's 1%: it reports this works as well as 100%
 DEFAULT_MIN_SUBTREE = 100  # a subtree this large (in eligible inferences) always gets a sample
@@ -47,10 +47,13 @@ def select_samples(
     one from every internal subtree with at least ``min_subtree`` eligible
     inferences, plus ``PER_STRATUM`` from every prompt-side stratum that could
     hold a material share of the job's work (``strata.covered_strata``,
-    the user's groups among their features); ``cap`` bounds the
+    the user's groups among their features), plus ``PER_STRATUM`` from
+    every group that could hold ``GROUP_SHARE`` (``_group_picks``: a
+    family spread thin over prompt lengths, read as a group by the
+    estimator too); ``cap`` bounds the
     total, keeping the coverage picks of the largest subtrees first, then the
-    strata's, because an unsampled large subtree or family is where an
-    estimate goes most wrong.
+    strata's and the groups', because an unsampled large subtree or family is
+    where an estimate goes most wrong.
     """
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"rate must be within [0, 1], got {rate}")
@@ -61,11 +64,12 @@ def select_samples(
     priority = np.random.default_rng(seed).random(tree.n_leaves)
     priority[~eligible] = np.inf  # never picked
     coverage, coverage_size = _coverage_picks(tree, eligible, priority, min_subtree)
-    stratum = strata(batch)
-    by_stratum = _stratum_picks(stratum[tree.leaf_request], covered_strata(batch, stratum), priority)
+    fine = strata(batch)
+    by_stratum = _stratum_picks(fine[tree.leaf_request], covered_strata(batch, fine), priority)
     uniform = np.argsort(priority, kind="stable")[: int(np.ceil(rate * n_eligible))]
-    # Coverage picks first (largest subtree first), then the strata's, then the uniform draw in priority order.
-    ranked = np.concatenate([coverage[np.argsort(-coverage_size, kind="stable")], by_stratum, uniform])
+    by_group = _group_picks(batch, tree, priority, budget=len(uniform))
+    # Coverage picks first (largest subtree first), then the strata's and groups', then the uniform draw.
+    ranked = np.concatenate([coverage[np.argsort(-coverage_size, kind="stable")], by_stratum, by_group, uniform])
     _, first = np.unique(ranked, return_index=True)
     leaves = ranked[np.sort(first)][:cap]
     return np.sort(tree.leaf_request[leaves]).astype(np.int64)
@@ -96,6 +100,17 @@ def _coverage_picks(
     picks = np.array([tree.lo[v] + int(np.argmin(priority[tree.lo[v] : tree.hi[v]])) for v in big], dtype=np.int64)
     return picks, size[size >= max(min_subtree, 1)]
 
+
+
+def _group_picks(batch: RequestBatch, tree: PrefixTree, priority: np.ndarray, budget: int) -> np.ndarray:
+    """``_stratum_picks`` of the groups (all prompt lengths, one cap bucket) that could hold ``GROUP_SHARE`` of
+    the job's work, the largest potential first, at most ``budget`` of them: a job that tags every few rows
+    apart would otherwise be sampled whole."""
+    level = strata(batch, prompt_buckets=False)
+    leaf_group = level[tree.leaf_request]
+    picks = _stratum_picks(leaf_group, covered_strata(batch, level, GROUP_SHARE), priority)
+    share = potential_shares(batch, level)[leaf_group[picks]]
+    return picks[np.argsort(-share, kind="stable")][:budget]
 
 
 def _stratum_picks(leaf_stratum: np.ndarray, covered: np.ndarray, priority: np.ndarray) -> np.ndarray:

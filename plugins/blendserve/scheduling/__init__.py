@@ -18,4 +18,6 @@ The tree side (prefix tree, sort and split, groups, shards, scan items) is ``ble
 # 1 (2026-12-03): a hot prefix on under 20% of the leaves is cut in pieces (``blend.HOT_PIECE``).
 # 2 (2026-12-05): a request whose own stratum has too few samples is estimated from its group's
 #   (``sampling.estimator``: a family of long answers spread over several prompt lengths).
-PLANNER_REVISION = 2
+# 3 (2026-12-05): the warm-up also samples every group that could hold a quarter of a stratum's share
+#   (``sampling.select._group_picks``: a family too thin in each prompt length to be covered there).
+PLANNER_REVISION = 3
