@@ -29,7 +29,8 @@ def test_dagbag_has_no_import_errors():
 def test_dag_file_parses_fast_without_heavy_imports(path):
     code = (
         "import sys, time, runpy; import airflow.sdk\n"
-        "t = time.perf_counter(); runpy.run_path(sys.argv[1]); dt = time.perf_counter() - t\n"
+        # CPU seconds, not wall: a machine busy with other jobs must not fail a parse that does little work
+        "t = time.process_time(); runpy.run_path(sys.argv[1]); dt = time.process_time() - t\n"
         "heavy = [m for m in ('vllm', 'torch', 'great_expectations', 'transformers', 'duckdb', 'pyarrow')\n"
         "         if m in sys.modules]\n"
         "print(dt, ','.join(heavy))\n"
