@@ -263,11 +263,12 @@ def _mixed_sources(tree: PrefixTree, sample_leaf: np.ndarray, group: np.ndarray 
     return (req_source >= 0) & (group != single[inverse])
 
 
-def _overlay_levels(fine: np.ndarray, grouped: np.ndarray, sampled_idx: np.ndarray, observed: np.ndarray, min_samples: int,
-                    quantile: float, mean: np.ndarray, high: np.ndarray, std: np.ndarray, kind: np.ndarray,
-                    source: np.ndarray, mixed: np.ndarray) -> np.ndarray:
+def _overlay_levels(fine: np.ndarray, grouped: np.ndarray, sampled_idx: np.ndarray, observed: np.ndarray,
+                    min_samples: int, quantile: float, mean: np.ndarray, high: np.ndarray, std: np.ndarray,
+                    kind: np.ndarray, source: np.ndarray, mixed: np.ndarray) -> np.ndarray:
     """``_overlay_strata`` on the ``fine`` strata, then on the group-and-cap ones (``grouped``, numbered after the
-    fine ones) for the requests the first left to their subtree; returns (n,) the stratum each request's estimate came from (either level's id).
+    fine ones) for the requests the first left to their subtree; returns (n,) the stratum each request's
+    estimate came from (either level's id).
 
     A family of long answers spreads over several prompt-length buckets. On the 40k d1.4-s35 mix (8B,
     lengths hidden) its 155 videos sat in 14 fine strata of 1-14 requests in three groups; the warm-up drew

@@ -101,7 +101,6 @@ def _coverage_picks(
     return picks, size[size >= max(min_subtree, 1)]
 
 
-
 def _group_picks(batch: RequestBatch, tree: PrefixTree, priority: np.ndarray, budget: int) -> np.ndarray:
     """``_stratum_picks`` of the groups (all prompt lengths, one cap bucket) that could hold ``GROUP_SHARE`` of
     the job's work, the largest potential first, at most ``budget`` of them: a job that tags every few rows
