@@ -155,3 +155,13 @@ def test_this_machines_cpu_flags_are_read() -> None:
 
     flags = _cpu_flags()
     assert not Path("/proc/cpuinfo").exists() or {"fpu"} <= flags or "fp" in flags  # x86 "fpu", Arm "fp"
+
+
+def test_a_bad_dtype_variable_is_one_line_from_the_cli(monkeypatch, capsys) -> None:
+    """The CLI resolves the default inside the command, so a bad BLENDSERVE_DTYPE is its error, not a traceback."""
+    from blendserve.cli import main
+
+    monkeypatch.setenv("BLENDSERVE_DTYPE", "fp8")
+    assert main(["run", "--input", "x.jsonl", "--db", "x.duckdb"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "blendserve run: error: BLENDSERVE_DTYPE='fp8' is not one of bfloat16, float16, float32, auto")

@@ -6,6 +6,7 @@ take it whole, so a setting means the same thing everywhere.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -40,19 +41,21 @@ def default_dtype() -> str:
     return "bfloat16" if _has_gpu() or _cpu_flags() & BF16_CPU_FLAGS else "float32"
 
 
+@functools.cache  # the hardware does not change under a process; configs ask on every engine_dtype
 def _has_gpu() -> bool:
     """An NVIDIA or AMD GPU device node (no torch import: the DAG's tasks resolve this on every config)."""
     return any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists()
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     """The first CPU's feature flags (x86 ``flags``, Arm ``Features``); none where /proc/cpuinfo is absent."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return frozenset()
     found = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.M)
-    return set(found.group(1).split()) if found else set()
+    return frozenset(found.group(1).split()) if found else frozenset()
 
 # Run ids name folders, DuckDB rows and export files, and reach DuckDB's read_parquet inside paths:
 # one safe alphabet, no glob characters, no path separators, no leading dot or dash (so never '..').

@@ -17,7 +17,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, engines: tuple[str, ...] = 
                    help="context length; longer prompts are rejected")
     p.add_argument("--kv-cache-gb", type=float, default=defaults.kv_cache_gb, help="KV cache size in GiB")
     p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs, help="engine's running-sequence limit")
-    p.add_argument("--dtype", default=default_dtype(), choices=DTYPES,
+    p.add_argument("--dtype", default=None, choices=DTYPES,  # resolved in the command: a bad variable is its error
                    help="vLLM weight and activation dtype (RunConfig.extra['vllm']['dtype']); default: bfloat16 on a"
                         " GPU or a CPU with bf16 instructions, else float32 (BLENDSERVE_DTYPE overrides)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -33,7 +33,7 @@ def engine_settings(args: argparse.Namespace) -> dict:
 
 def vllm_options(args: argparse.Namespace) -> dict:
     """EngineArgs keywords from the flags (RunConfig.extra["vllm"], passed through to vLLM)."""
-    options = {"dtype": args.dtype}
+    options = {"dtype": args.dtype or default_dtype()}  # the run records the dtype it ran in
     if args.max_num_batched_tokens is not None:
         options["max_num_batched_tokens"] = args.max_num_batched_tokens
     return options
