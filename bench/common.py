@@ -165,7 +165,12 @@ def earlier_result(name: str, data: dict, settings: tuple[str, ...]) -> dict | N
     benches whose parts take hours (a 400k mix, a full-size peer batch) keep the parts a run did not measure."""
     path = RESULTS / f"{name}.json"
     earlier = json.loads(path.read_text()) if path.exists() else None
-    if earlier is None or any(earlier.get(k) != data[k] for k in settings):
+    if earlier is None:
+        return None
+    differ = [k for k in settings if earlier.get(k) != data[k]]
+    if differ:  # say so: a partial run then replaces a table whose other parts took hours
+        print(f"{path.name} was measured with other {', '.join(differ)}: its parts this run does not measure "
+              "are dropped", file=sys.stderr)
         return None
     return earlier
 

@@ -13,7 +13,7 @@ def _run(commit: str, command: str) -> dict:
             "numpy": "2", "uncommitted": []}
 
 
-def test_a_mix_run_alone_joins_the_stored_ones_of_the_same_settings(tmp_path, monkeypatch) -> None:
+def test_a_mix_run_alone_joins_the_stored_ones_of_the_same_settings(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.syspath_prepend(str(BENCH))
     import bench_policies
     import common
@@ -42,3 +42,4 @@ def test_a_mix_run_alone_joins_the_stored_ones_of_the_same_settings(tmp_path, mo
     for other in ({"requests": 40_000}, {"lengths": "known"}, {"policies": ["fcfs"]}):  # nothing is kept
         assert [m["mix"] for m in bench_policies.with_earlier("policies-8b-400k", {**data, **other})["mixes"]] \
             == ["d1.4-s35", "d1.4-s5"]
+        assert f"measured with other {next(iter(other))}: its parts" in capsys.readouterr().err
