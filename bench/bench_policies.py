@@ -44,7 +44,7 @@ from common import (
     LENGTHS, SETUPS, earlier_result, img_path, lengths_suffix, load_mix, provenance, size_suffix, write_result,
 )
 from plots import policy_bars
-from tables import chose_label, summarize
+from tables import chose_label, summarize, times
 
 POLICIES = ["fcfs", "balance", "density", "dfs", "blendserve-nosplit", "blendserve[static]", "blendserve[spread]",
             "blendserve"]
@@ -91,8 +91,8 @@ def print_summary(summary: dict, paper: dict | None) -> None:
     print(f"  speed-up over dfs    {summary['speedup']:.2f}x"
           + said(f"{paper['speedup']:.2f}x over its best DFS system" if paper else ""))
     print(f"  sharing vs dfs       {summary['sharing']:.1%}" + said(f"> {paper['sharing']:.0%}" if paper else ""))
-    print(f"  over the best other policy on each mix  {summary['vs_best_other']:.2f}x "
-          f"(worst mix {summary['vs_best_baseline']:.2f}x)")
+    print(f"  over the best other policy on each mix  {times(summary['vs_best_other'])} "
+          f"(worst mix {times(summary['vs_best_baseline'])})")
 
 
 def result_family(mixes: list[str]) -> str:

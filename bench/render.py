@@ -18,7 +18,7 @@ from typing import Callable
 from blendserve.scheduling import PLANNER_REVISION
 from tables import (
     grid_section, peer_section, pipeline_section, planner_revision, planner_section, policies_section, rare_section,
-    sampling_section, seeds_section, simulator_section, summarize, timeline_section,
+    sampling_section, seeds_section, simulator_section, summarize, times, timeline_section,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -177,7 +177,7 @@ def _headline_rows(label: str, hidden: dict | None, upper: dict | None, paper: d
 
 
 def _vs_best(summary: dict) -> str:
-    return f"{summary['vs_best_other']:.2f}x / {summary['vs_best_baseline']:.2f}x"
+    return f"{times(summary['vs_best_other'])} / {times(summary['vs_best_baseline'])}"
 
 
 def _grid_speedup(grid: dict | None) -> str:
@@ -185,7 +185,7 @@ def _grid_speedup(grid: dict | None) -> str:
         return "-"
     speedups = [c["speedup"] for c in grid["cells"]]
     earlier = " (earlier planner)" if planner_revision(grid["provenance"]) < PLANNER_REVISION else ""
-    return (f"{sum(speedups) / len(speedups) - 1:+.1%} ({min(speedups):.2f}x .. {max(speedups):.2f}x, "
+    return (f"{sum(speedups) / len(speedups) - 1:+.1%} ({times(min(speedups))} .. {times(max(speedups))}, "
             f"{len(speedups)} mixes){earlier}")
 
 
