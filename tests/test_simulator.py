@@ -77,6 +77,60 @@ def test_match_is_cut_back_to_whole_blocks_and_locks_only_those() -> None:
     assert cache.match_prefix(np.arange(40, dtype=np.int32), limit=39, block=16)[0] == 32
 
 
+def _tree_state(cache: RadixCache) -> list[tuple]:
+    """Every node's path, key, locks and stamp, depth first in token order: two caches that agree here
+    evict, match and lock alike."""
+    out, stack = [], [((), cache.root)]
+    while stack:
+        path, node = stack.pop()
+        out.append((path, tuple(node.key.tolist()), node.ref, node.last_access))
+        stack.extend((path + (first,), node.children[first]) for first in sorted(node.children, reverse=True))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_extending_a_locked_prompt_is_insert_then_lock_and_unlock(seed: int) -> None:
+    """``extend`` + ``relock`` (the engine's chunk-by-chunk caching) leave the tree, its stamps, locks and
+    evictions exactly as ``insert`` + ``lock`` + ``unlock`` do, under matches, splits and evictions."""
+    rng = np.random.default_rng(seed)
+    stems = [rng.integers(0, 50, int(rng.integers(1, 40))) for _ in range(3)]
+    prompts = [np.concatenate([stems[int(rng.integers(3))][: int(rng.integers(0, 40))],
+                               rng.integers(0, 50, int(rng.integers(1, 60)))]).astype(np.int32) for _ in range(12)]
+    caches = [RadixCache(), RadixCache()]
+    held: list[list] = [[], []]  # per cache: [prompt index, locked node, depth]
+    for _ in range(80):
+        op = int(rng.integers(4))
+        which, cut, block = int(rng.integers(len(prompts))), int(rng.integers(1, 8)), int(rng.choice([1, 4]))
+        pick = int(rng.integers(1 << 30))
+        evicted = []
+        for k, cache in enumerate(caches):
+            if op == 0:  # a request starts: its cached prefix in whole blocks, locked
+                hit, node = cache.match_prefix(prompts[which], block=block)
+                cache.lock(node)
+                held[k].append([which, node, hit])
+            elif op == 1 and held[k]:  # a chunk of a running request's prompt is cached
+                entry = held[k][pick % len(held[k])]
+                tokens = prompts[entry[0]]
+                n = min(len(tokens), entry[2] + cut)
+                if n > entry[2]:
+                    if k == 0:
+                        _, node = cache.insert(tokens[:n])
+                        cache.lock(node)
+                        cache.unlock(entry[1])
+                    else:
+                        _, node = cache.extend(entry[1], entry[2], tokens[:n])
+                        cache.relock(entry[1], node)
+                    entry[1], entry[2] = node, n
+            elif op == 2 and held[k]:  # a request finishes
+                cache.unlock(held[k].pop(pick % len(held[k]))[1])
+            elif op == 3:
+                evicted.append(cache.evict(cut))
+        assert len(set(evicted)) <= 1
+        assert caches[0].size == caches[1].size and caches[0].evictable == caches[1].evictable
+        assert _tree_state(caches[0]) == _tree_state(caches[1])
+
+
 def sibling_batch(shared: int, tail: int) -> RequestBatch:
     """Two prompts that share their first ``shared`` tokens and differ in the last ``tail``."""
     prefix = np.arange(shared)

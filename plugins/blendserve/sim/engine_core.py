@@ -192,9 +192,8 @@ class EngineCore:
         n = seq.p if seq.ctx >= seq.p else seq.ctx - seq.ctx % self.block_size
         if n <= seq.locked:
             return
-        _, node = self.tree.insert(self.batch.prompt(seq.idx)[:n])
-        self.tree.lock(node)
-        self.tree.unlock(seq.node)
+        _, node = self.tree.extend(seq.node, seq.locked, self.batch.prompt(seq.idx)[:n])
+        self.tree.relock(seq.node, node)
         self.private += seq.locked - n  # those tokens' KV now lives in the tree (duplicates freed)
         seq.node, seq.locked = node, n
 

@@ -52,7 +52,12 @@ class RadixCache:
         back to a multiple of ``block``; the returned node ends exactly there.
         """
         tokens = tokens[: len(tokens) if limit is None else limit]
-        node, pos, now = self.root, 0, next(self._clock)
+        node, pos = self._descend(self.root, 0, tokens, next(self._clock))
+        return self._back_to_block(node, pos, pos - pos % block)
+
+    def _descend(self, node: RadixNode, pos: int, tokens: np.ndarray, now: int) -> tuple[RadixNode, int]:
+        """Follow ``tokens`` down from ``node`` (at depth ``pos``) as far as the tree holds them, stamping
+        ``now`` on every node passed; the node reached and its depth."""
         while pos < len(tokens):
             child = node.children.get(int(tokens[pos]))
             if child is None:
@@ -62,7 +67,7 @@ class RadixCache:
                 child = self._split(child, n)
             child.last_access = now
             node, pos = child, pos + n
-        return self._back_to_block(node, pos, pos - pos % block)
+        return node, pos
 
     def _back_to_block(self, node: RadixNode, pos: int, target: int) -> tuple[int, RadixNode]:
         """The node at depth ``target`` on the path to ``node`` (at depth ``pos``), splitting an edge if needed."""
@@ -76,6 +81,27 @@ class RadixCache:
     def insert(self, tokens: np.ndarray) -> tuple[int, RadixNode]:
         """Add ``tokens`` to the tree: the number of tokens newly stored, and the node where they end."""
         matched, node = self.match_prefix(tokens)
+        return self._add_leaf(tokens, matched, node)
+
+    def extend(self, node: RadixNode, depth: int, tokens: np.ndarray) -> tuple[int, RadixNode]:
+        """``insert(tokens)`` for a request whose locked ``node`` already holds ``tokens[:depth]``.
+
+        The same tree, stamps and result as ``insert``, without comparing the
+        ``depth`` tokens again: a prompt cached chunk by chunk would otherwise
+        walk its whole path once per chunk (most of the simulator's time).
+        ``node`` is locked, so it was neither evicted nor cut shorter (a split
+        keeps the lower half, which ends where it did).
+        """
+        now = next(self._clock)
+        above = node
+        while above is not self.root:  # the stamps ``match_prefix`` would give the path it walks again
+            above.last_access = now
+            above = above.parent
+        end, matched = self._descend(node, depth, tokens, now)
+        return self._add_leaf(tokens, matched, end)
+
+    def _add_leaf(self, tokens: np.ndarray, matched: int, node: RadixNode) -> tuple[int, RadixNode]:
+        """The rest of ``insert``: ``tokens[matched:]`` as a new leaf under ``node``, where the match ended."""
         if matched == len(tokens):
             return 0, node
         leaf = RadixNode(tokens[matched:], node)
@@ -89,6 +115,18 @@ class RadixCache:
 
     def lock(self, node: RadixNode) -> None:
         while node is not None:
+            if node.ref == 0:
+                self.evictable -= len(node.key)
+            node.ref += 1
+            node = node.parent
+
+    def relock(self, old: RadixNode, new: RadixNode) -> None:
+        """``lock(new)`` then ``unlock(old)``, for ``old`` on ``new``'s path (a request's lock moving deeper):
+        only the nodes below ``old`` change, since everything from ``old`` up stays locked by it."""
+        node = new
+        while node is not old:
+            if node is None:
+                raise ValueError("relock: the old node is not on the new node's path")
             if node.ref == 0:
                 self.evictable -= len(node.key)
             node.ref += 1
