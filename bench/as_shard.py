@@ -104,7 +104,9 @@ def _choice(controller: AdmissionController | None, requests: int, t_opt: float)
 def _warmup_counts(controller: AdmissionController) -> dict:
     if not isinstance(controller, WarmupController):
         return {"sampled": 0, "unplanned": 0}
-    return {"sampled": len(controller.sampled), "unplanned": controller.unplanned}
+    # plan_s: this machine's seconds for the plan, which the engine waits for and the simulated time leaves out
+    return {"sampled": len(controller.sampled), "unplanned": controller.unplanned,
+            "plan_s": controller.plan_seconds}
 
 
 def run_policies(

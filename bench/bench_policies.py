@@ -65,7 +65,8 @@ def unplanned_label(row: dict, requests: int) -> str:
     """Hidden mode: the requests that ran before the plan existed (the sample and the fillers beside it)."""
     if not row.get("sampled"):
         return ""
-    return f"  [{(row['sampled'] + row['unplanned']) / requests:.0%} ran before the plan]"
+    plan = f", plan {row['plan_s']:.0f} s" if row.get("plan_s") is not None else ""
+    return f"  [{(row['sampled'] + row['unplanned']) / requests:.0%} ran before the plan{plan}]"
 
 
 def print_mix(mix: str, report: dict, policies: list[str]) -> None:

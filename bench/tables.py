@@ -167,7 +167,19 @@ def _before_plan(mixes: list[dict]) -> str:
     shares = ", ".join(f"{m['mix']} {(r['sampled'] + r['unplanned']) / m['requests']:.0%}"
                        for m, r in zip(mixes, rows))
     return (f" Requests blendserve ran before its plan existed (the warm-up sample and the random fillers beside "
-            f"it, until the last sampled answer was back): {shares}.")
+            f"it, until the last sampled answer was back): {shares}.{_plan_seconds(mixes, rows)}")
+
+
+def _plan_seconds(mixes: list[dict], rows: list[dict]) -> str:
+    """The plan's wall time on the bench's machine, where measured: the engine loop waits for it, and the
+    simulated times leave it out."""
+    timed = [(m, r) for m, r in zip(mixes, rows) if r.get("plan_s") is not None]
+    if not timed:
+        return ""
+    each = ", ".join(f"{m['mix']} {r['plan_s']:,.0f} s ({r['plan_s'] / r['time_s']:.1%} of its simulated run)"
+                     for m, r in timed)
+    return (f" The plan (mostly the choice's simulations) took, on the machine below: {each}. A shard's engine "
+            "waits for it, and the simulated times above do not count it.")
 
 
 def _ratios(rows: dict[str, dict], name: str) -> str:

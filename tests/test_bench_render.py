@@ -126,3 +126,26 @@ def test_a_miss_of_a_few_tenths_of_a_percent_shows_below_one(monkeypatch) -> Non
                           None, None).split("best other policy per mix")[1].splitlines()[0]
     assert "/ 0.996x" in row, row
     sys.modules.pop("render", None)
+
+
+def test_the_plans_wall_time_is_shown_beside_the_simulated_run(monkeypatch) -> None:
+    """The simulated times leave the plan out, while a shard's engine waits for it: where a run measured it
+    (``plan_s``), the table says how long it took and what share of the run that is."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import render
+    import tables
+
+    stored = render.load("policies-8b")
+
+    def timed(mix: dict) -> dict:
+        rows = [{**r, "plan_s": r["time_s"] / 40} if r["policy"] == "blendserve" else r for r in mix["policies"]]
+        return {**mix, "policies": rows}
+
+    untimed = {**stored, "mixes": [{**m, "policies": [{k: v for k, v in r.items() if k != "plan_s"}
+                                                      for r in m["policies"]]} for m in stored["mixes"]]}
+    assert "The plan (mostly" not in tables.policies_section(untimed)
+    page = tables.policies_section({**untimed, "mixes": [timed(m) for m in untimed["mixes"]]})
+    first = untimed["mixes"][0]
+    seconds = next(r["time_s"] for r in first["policies"] if r["policy"] == "blendserve") / 40
+    assert f"{first['mix']} {seconds:,.0f} s (2.5% of its simulated run)" in page
+    sys.modules.pop("render", None)

@@ -244,7 +244,7 @@ def record_admissions(controller) -> list[int]:  # type: ignore[no-untyped-def]
     return admitted
 
 
-def test_inline_warmup_admits_samples_first_and_every_request_once() -> None:
+def test_inline_warmup_admits_samples_first_and_every_request_once(caplog) -> None:
     from blendserve.scheduling.warmup import warmup_controller
     from blendserve.sim import SimConfig, simulate
 
@@ -253,8 +253,13 @@ def test_inline_warmup_admits_samples_first_and_every_request_once() -> None:
     sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
     controller = warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=200_000)
     admitted = record_admissions(controller)
-    simulate(batch, batch.sim_output_tokens, COST, controller, SimConfig(kv_capacity_tokens=200_000))
+    with caplog.at_level("INFO", logger="blendserve.scheduling.warmup"):
+        simulate(batch, batch.sim_output_tokens, COST, controller, SimConfig(kv_capacity_tokens=200_000))
     assert sorted(admitted) == list(range(len(batch)))  # every request once: none twice, none lost
+    # the plan's time is kept and told: the engine loop waits for it
+    assert controller.plan_seconds > 0
+    told = [r.getMessage() for r in caplog.records if "planned the" in r.getMessage()]
+    assert len(told) == 1 and f"chose {controller.inner.choice.name}" in told[0], told
     assert admitted[: len(sampled)] == sampled.tolist()
     assert controller.inner is not None and 0 < controller.unplanned < len(batch) - len(sampled)
     assert controller.sample_lengths() == {int(i): int(batch.sim_output_tokens[i]) for i in sampled}

@@ -23,6 +23,8 @@ twice.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Protocol
 
 import numpy as np
@@ -35,6 +37,8 @@ from blendserve.sampling.strata import censored_length
 from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
 from blendserve.scheduling.blend import prefix_units
 from blendserve.scheduling.registry import PolicyContext, make_controller
+
+log = logging.getLogger(__name__)
 
 LONG_AFTER = 256  # output tokens after which a sample still running no longer holds the plan back
 LONG_FACTOR = 4  # ... nor one past this many times the longest sample that finished
@@ -131,6 +135,7 @@ class WarmupController:
         self.check_every = check_every or max(64, n // 100)  # finishes between two looks at the estimates
         self._since_check = 0
         self.replans = 0  # plans made after the first
+        self.plan_seconds = 0.0  # wall seconds of every plan made: the engine loop waits for them
 
     def next_request(self, state: EngineState) -> int | None:
         if self._next_sample < len(self.sampled):
@@ -195,9 +200,15 @@ class WarmupController:
         # With samples and fillers in flight, a run-time controller would book only its own admissions and
         # overfill the KV; its simulation, from an empty engine, would not show it. So lists only, then.
         lists_only = bool(self.running)
+        started = time.perf_counter()
         # Everything may have run already (a 100% sample, or fillers took the rest): nothing to plan.
         self.inner = self.planner.plan(self._rest, estimates, lists_only) if len(self._rest) else StaticOrder([])
         self._inner_of = {int(b): k for k, b in enumerate(self._rest)}
+        spent = time.perf_counter() - started
+        self.plan_seconds += spent
+        choice = getattr(self.inner, "choice", None)
+        log.info("planned the %d requests left in %.1f s (the engine waited)%s", len(self._rest), spent,
+                 f"; chose {choice.name}" if choice is not None else "")
 
     def _maybe_replan(self) -> None:
         """Look at the estimates again every ``check_every`` finishes; plan the rest again if they moved."""
