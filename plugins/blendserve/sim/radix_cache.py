@@ -14,10 +14,11 @@ import numpy as np
 
 
 class RadixNode:
-    __slots__ = ("key", "children", "parent", "ref", "last_access", "alive")
+    __slots__ = ("key", "raw", "children", "parent", "ref", "last_access", "alive")
 
     def __init__(self, key: np.ndarray, parent: "RadixNode | None") -> None:
         self.key = key  # token ids of the edge into this node
+        self.raw = key.tobytes()  # the same as bytes: a whole edge is matched by one comparison
         self.children: dict[int, RadixNode] = {}  # by first token of the child's key
         self.parent = parent
         self.ref = 0  # running requests whose locked path passes through this node
@@ -62,9 +63,11 @@ class RadixCache:
             child = node.children.get(int(tokens[pos]))
             if child is None:
                 break
-            n = _common_prefix(child.key, tokens[pos:])
-            if n < len(child.key):
-                child = self._split(child, n)
+            n = len(child.key)
+            if tokens[pos : pos + n].tobytes() != child.raw:  # not the whole edge: find where they part
+                n = _common_prefix(child.key, tokens[pos:])
+                if n < len(child.key):
+                    child = self._split(child, n)
             child.last_access = now
             node, pos = child, pos + n
         return node, pos
@@ -173,6 +176,7 @@ class RadixCache:
         upper.children[int(child.key[n])] = child
         child.parent.children[int(child.key[0])] = upper
         child.key, child.parent = child.key[n:], upper
+        child.raw = child.key.tobytes()
         return upper
 
     def _push(self, node: RadixNode) -> None:
