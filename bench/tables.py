@@ -14,6 +14,8 @@ def summarize(mixes: list[dict], policies: list[str]) -> dict:
     others = [p for p in policies if not p.startswith("blendserve")]
     best_other = [min(others, key=lambda p: r[p]["time_s"]) for r in rows]
     vs_best = [r[b]["time_s"] / r["blendserve"]["time_s"] for b, r in zip(best_other, rows)]
+    plans = [r["blendserve"]["plan_s"] / r["blendserve"]["time_s"] for r in rows
+             if r["blendserve"].get("plan_s") is not None]
     return {
         "opt": float(np.mean([r["blendserve"]["fraction_of_optimum"] for r in rows])),
         "dfs_opt": float(np.mean([r["dfs"]["fraction_of_optimum"] for r in rows])),
@@ -23,6 +25,8 @@ def summarize(mixes: list[dict], policies: list[str]) -> dict:
                             if "balance" in policies else None),
         "vs_best_other": float(np.mean(vs_best)), "vs_best_baseline": float(min(vs_best)),
         "best_other": sorted(set(best_other)),
+        # the plan's wall time over the simulated run, mean and worst, where every mix measured it
+        "plan_share": (float(np.mean(plans)), max(plans)) if plans and len(plans) == len(rows) else None,
         "sharing_restarts": restarts_counted(mixes),
         "planned_earlier": planned_earlier(mixes),
     }

@@ -148,4 +148,10 @@ def test_the_plans_wall_time_is_shown_beside_the_simulated_run(monkeypatch) -> N
     first = untimed["mixes"][0]
     seconds = next(r["time_s"] for r in first["policies"] if r["policy"] == "blendserve") / 40
     assert f"{first['mix']} {seconds:,.0f} s (2.5% of its simulated run)" in page
+    # the headline gives the plan's share only where every mix measured it
+    row = "blendserve's plan on the bench machine"
+    assert row not in render.headline([(untimed, None, "8B")], None, None)
+    timed_table = {**untimed, "mixes": [timed(m) for m in untimed["mixes"]]}
+    line = render.headline([(timed_table, None, "8B")], None, None).split(row)[1].splitlines()[0]
+    assert line.endswith("| - | 2.5% / 2.5% | - |"), line
     sys.modules.pop("render", None)
