@@ -117,17 +117,16 @@ class RadixCache:
         return added, leaf
 
     def lock(self, node: RadixNode) -> None:
-        while node is not None:
-            if node.ref == 0:
-                self.evictable -= len(node.key)
-            node.ref += 1
-            node = node.parent
+        self._lock_below(node, None)
 
     def relock(self, old: RadixNode, new: RadixNode) -> None:
         """``lock(new)`` then ``unlock(old)``, for ``old`` on ``new``'s path (a request's lock moving deeper):
         only the nodes below ``old`` change, since everything from ``old`` up stays locked by it."""
-        node = new
-        while node is not old:
+        self._lock_below(new, old)
+
+    def _lock_below(self, node: RadixNode | None, stop: RadixNode | None) -> None:
+        """Lock ``node`` and its ancestors up to, not including, ``stop`` (None: up to and with the root)."""
+        while node is not stop:
             if node is None:
                 raise ValueError("relock: the old node is not on the new node's path")
             if node.ref == 0:
