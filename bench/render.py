@@ -15,9 +15,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from blendserve.scheduling import PLANNER_REVISION
 from tables import (
-    grid_section, peer_section, pipeline_section, planner_revision, planner_section, policies_section, rare_section,
+    grid_section, is_current, peer_section, pipeline_section, planner_section, policies_section, rare_section,
     sampling_section, seeds_section, simulator_section, summarize, times, timeline_section,
 )
 
@@ -191,7 +190,7 @@ def _grid_speedup(grid: dict | None) -> str:
     if grid is None:
         return "-"
     speedups = [c["speedup"] for c in grid["cells"]]
-    earlier = " (earlier planner)" if planner_revision(grid["provenance"]) < PLANNER_REVISION else ""
+    earlier = "" if is_current(grid["provenance"], grid.get("lengths") == "hidden") else " (earlier planner)"
     return (f"{sum(speedups) / len(speedups) - 1:+.1%} ({times(min(speedups))} .. {times(max(speedups))}, "
             f"{len(speedups)} mixes){earlier}")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blendserve.scheduling import PLANNER_REVISION
+from blendserve.scheduling import KNOWN_LENGTHS_REVISION, PLANNER_REVISION
 from blendserve.sim.compare import SHARING_COUNTS
 
 
@@ -14,8 +14,7 @@ def summarize(mixes: list[dict], policies: list[str]) -> dict:
     others = [p for p in policies if not p.startswith("blendserve")]
     best_other = [min(others, key=lambda p: r[p]["time_s"]) for r in rows]
     vs_best = [r[b]["time_s"] / r["blendserve"]["time_s"] for b, r in zip(best_other, rows)]
-    plans = [r["blendserve"]["plan_s"] / r["blendserve"]["time_s"] for r in rows
-             if r["blendserve"].get("plan_s") is not None]
+    plans = [r["blendserve"]["plan_s"] / r["blendserve"]["time_s"] for r in rows if _waited(r["blendserve"])]
     return {
         "opt": float(np.mean([r["blendserve"]["fraction_of_optimum"] for r in rows])),
         "dfs_opt": float(np.mean([r["dfs"]["fraction_of_optimum"] for r in rows])),
@@ -25,7 +24,7 @@ def summarize(mixes: list[dict], policies: list[str]) -> dict:
                             if "balance" in policies else None),
         "vs_best_other": float(np.mean(vs_best)), "vs_best_baseline": float(min(vs_best)),
         "best_other": sorted(set(best_other)),
-        # the plan's wall time over the simulated run, mean and worst, where every mix measured it
+        # the plan's wall time over the simulated run, mean and worst, where every mix waited for it and timed it
         "plan_share": (float(np.mean(plans)), max(plans)) if plans and len(plans) == len(rows) else None,
         "sharing_restarts": restarts_counted(mixes),
         "planned_earlier": planned_earlier(mixes),
@@ -43,9 +42,16 @@ def planner_revision(provenance: dict) -> int:
     return int(provenance.get("planner", 0))
 
 
+def is_current(provenance: dict, hidden: bool) -> bool:
+    """Whether a run's planner revision orders as this checkout's would: ``PLANNER_REVISION`` with lengths
+    hidden, ``KNOWN_LENGTHS_REVISION`` with them known (no warm-up)."""
+    return planner_revision(provenance) >= (PLANNER_REVISION if hidden else KNOWN_LENGTHS_REVISION)
+
+
 def planned_earlier(mixes: list[dict]) -> list[str]:
-    """Mixes whose plans an earlier planner revision made (``PLANNER_REVISION``): not what the planner does now."""
-    return [m["mix"] for m in mixes if planner_revision(m.get("provenance", {})) < PLANNER_REVISION]
+    """Mixes whose plans an earlier planner revision made: not what the planner does now (``is_current``; a
+    mix with a uniform ``max_tokens`` ran with lengths hidden)."""
+    return [m["mix"] for m in mixes if not is_current(m.get("provenance", {}), m.get("max_tokens") is not None)]
 
 
 def planned_earlier_note(mixes: list[dict]) -> str:
@@ -171,19 +177,31 @@ def _before_plan(mixes: list[dict]) -> str:
     shares = ", ".join(f"{m['mix']} {(r['sampled'] + r['unplanned']) / m['requests']:.0%}"
                        for m, r in zip(mixes, rows))
     return (f" Requests blendserve ran before its plan existed (the warm-up sample and the random fillers beside "
-            f"it, until the last sampled answer was back): {shares}.{_plan_seconds(mixes, rows)}")
+            f"it, until the plan was there): {shares}.{_plan_seconds(mixes, rows)}")
+
+
+def _waited(row: dict) -> bool:
+    """Whether the run timed a plan its engine waited for (planner revision 3): the simulated time leaves it out."""
+    return row.get("plan_s") is not None and row.get("plan_latency_s") is None
 
 
 def _plan_seconds(mixes: list[dict], rows: list[dict]) -> str:
-    """The plan's wall time on the bench's machine, where measured: the engine loop waits for it, and the
-    simulated times leave it out."""
-    timed = [(m, r) for m, r in zip(mixes, rows) if r.get("plan_s") is not None]
-    if not timed:
-        return ""
-    each = ", ".join(f"{m['mix']} {r['plan_s']:,.0f} s ({r['plan_s'] / r['time_s']:.1%} of its simulated run)"
-                     for m, r in timed)
-    return (f" The plan (mostly the choice's simulations) took, on the machine below: {each}. A shard's engine "
-            "waits for it, and the simulated times above do not count it.")
+    """The plan's wall time on the bench's machine, where measured; and whether the simulated time counts it."""
+    waited = [(m, r) for m, r in zip(mixes, rows) if _waited(r)]
+    charged = [(m, r) for m, r in zip(mixes, rows) if r.get("plan_latency_s") is not None]
+    text = ""
+    if waited:
+        each = ", ".join(f"{m['mix']} {r['plan_s']:,.0f} s ({r['plan_s'] / r['time_s']:.1%} of its simulated run)"
+                         for m, r in waited)
+        text += (f" The plan (mostly the choice's simulations) took, on the machine below: {each}. A shard's engine "
+                 "waited for it, and the simulated times above do not count it.")
+    if charged:
+        each = ", ".join(f"{m['mix']} {r['plan_s']:,.0f} s, charged {r['plan_latency_s']:,.0f} s "
+                         f"({r['admitted_while_planning']:,} requests admitted meanwhile)" for m, r in charged)
+        text += (" The plan is made beside the engine, which goes on admitting random fillers until it lands "
+                 f"(`scheduling.plan_worker`); the simulated times count that: {each}. It took this machine's "
+                 "seconds above; the simulated run held it back its modelled time (`plan_latency`).")
+    return text
 
 
 def _ratios(rows: dict[str, dict], name: str) -> str:

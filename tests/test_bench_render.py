@@ -141,7 +141,8 @@ def test_the_plans_wall_time_is_shown_beside_the_simulated_run(monkeypatch) -> N
         rows = [{**r, "plan_s": r["time_s"] / 40} if r["policy"] == "blendserve" else r for r in mix["policies"]]
         return {**mix, "policies": rows}
 
-    untimed = {**stored, "mixes": [{**m, "policies": [{k: v for k, v in r.items() if k != "plan_s"}
+    plan_keys = ("plan_s", "plan_latency_s", "admitted_while_planning")
+    untimed = {**stored, "mixes": [{**m, "policies": [{k: v for k, v in r.items() if k not in plan_keys}
                                                       for r in m["policies"]]} for m in stored["mixes"]]}
     assert "The plan (mostly" not in tables.policies_section(untimed)
     page = tables.policies_section({**untimed, "mixes": [timed(m) for m in untimed["mixes"]]})
@@ -154,4 +155,26 @@ def test_the_plans_wall_time_is_shown_beside_the_simulated_run(monkeypatch) -> N
     timed_table = {**untimed, "mixes": [timed(m) for m in untimed["mixes"]]}
     line = render.headline([(timed_table, None, "8B")], None, None).split(row)[1].splitlines()[0]
     assert line.endswith("| - | 2.5% / 2.5% | - |"), line
+    # made beside the engine (revision 4), the simulated time counts it: said so, and no waiting share
+    charged = {**untimed, "mixes": [{**m, "policies": [{**r, "plan_latency_s": 12.0, "admitted_while_planning": 345}
+                                                        for r in m["policies"]]} for m in timed_table["mixes"]]}
+    page = tables.policies_section(charged)
+    assert f"{first['mix']} {seconds:,.0f} s, charged 12 s (345 requests admitted meanwhile)" in page
+    assert "(2.5% of its simulated run)" not in page
+    assert row not in render.headline([(charged, None, "8B")], None, None)
     sys.modules.pop("render", None)
+
+
+def test_a_revision_that_changed_only_the_warm_up_leaves_known_length_figures_current(monkeypatch) -> None:
+    """Known-length runs plan once with no warm-up: revision 4 (the plan made beside the engine) does not change
+    them, while a hidden-length mix planned at 3 is marked as an earlier planner's."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import tables
+    from blendserve.scheduling import KNOWN_LENGTHS_REVISION, PLANNER_REVISION
+
+    assert KNOWN_LENGTHS_REVISION < PLANNER_REVISION
+    at = {"planner": KNOWN_LENGTHS_REVISION}
+    mixes = [{"mix": "hidden", "max_tokens": 32_768, "provenance": at},
+             {"mix": "known", "max_tokens": None, "provenance": at},
+             {"mix": "older", "max_tokens": None, "provenance": {"planner": KNOWN_LENGTHS_REVISION - 1}}]
+    assert tables.planned_earlier(mixes) == ["hidden", "older"]

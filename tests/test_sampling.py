@@ -256,7 +256,7 @@ def test_inline_warmup_admits_samples_first_and_every_request_once(caplog) -> No
     with caplog.at_level("INFO", logger="blendserve.scheduling.warmup"):
         simulate(batch, batch.sim_output_tokens, COST, controller, SimConfig(kv_capacity_tokens=200_000))
     assert sorted(admitted) == list(range(len(batch)))  # every request once: none twice, none lost
-    # the plan's time is kept and told: the engine loop waits for it
+    # the plan's time is kept and told (it is made beside the engine: plan_worker)
     assert controller.plan_seconds > 0
     told = [r.getMessage() for r in caplog.records if "planned the" in r.getMessage()]
     assert len(told) == 1 and f"chose {controller.inner.choice.name}" in told[0], told
@@ -441,6 +441,7 @@ def test_the_plan_waits_for_at_most_a_quarter_of_the_shard(cap, monkeypatch) -> 
     """A sampled answer of 250 tokens finishes before LONG_AFTER lets the plan go without it; on a slow
     engine that is minutes, while short fillers stream through. MAX_BEFORE_PLAN stops the fillers."""
     import blendserve.scheduling.warmup as warmup
+    from blendserve.scheduling.plan_worker import InlinePlan
     from blendserve.sim import SimConfig, simulate
 
     if cap is None:
@@ -451,7 +452,9 @@ def test_the_plan_waits_for_at_most_a_quarter_of_the_shard(cap, monkeypatch) -> 
     tree = build_prefix_tree(batch, COST)
     sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
     assert len(set(sampled.tolist()) & set(rare.tolist())) > 0
-    controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=200_000)
+    # the rule is when the plan starts: made inline, no filler runs while it is made
+    controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=200_000,
+                                          worker=InlinePlan())
     admitted = record_admissions(controller)
     simulate(batch, truth, COST, controller, SimConfig(kv_capacity_tokens=200_000))
     assert sorted(admitted) == list(range(len(batch)))  # every request once, either way
@@ -535,6 +538,7 @@ def test_a_finished_long_sample_does_not_hold_the_plan_until_the_other_long_ones
     """One long answer finished at 9,000 tokens: the others count as long once past LONG_ENOUGH, not only
     once past LONG_FACTOR x 9,000 (beyond the cap: when they end)."""
     from blendserve.scheduling.admission import StaticOrder
+    from blendserve.scheduling.plan_worker import InlinePlan
     from blendserve.scheduling.warmup import LONG_ENOUGH, WarmupController
 
     class Planner:
@@ -549,7 +553,8 @@ def test_a_finished_long_sample_does_not_hold_the_plan_until_the_other_long_ones
             return StaticOrder(np.arange(len(rest)))
 
     planner = Planner()
-    controller = WarmupController(np.array([0, 1, 2]), np.arange(3, 40), planner, np.full(40, 32_768))
+    controller = WarmupController(np.array([0, 1, 2]), np.arange(3, 40), planner, np.full(40, 32_768),
+                                  worker=InlinePlan())
     state = EngineState(running=0, waiting=0, kv_used_tokens=0, kv_total_tokens=450_000)
     assert [controller.next_request(state) for _ in range(3)] == [0, 1, 2]
     controller.on_finish(0, 9_000)

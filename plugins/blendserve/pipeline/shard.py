@@ -24,6 +24,7 @@ from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.sampling import Estimates, estimate_table, estimates_from, shard_sample
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
+from blendserve.scheduling.plan_worker import PlanWorker, SimulatedPlan, ThreadPlan
 from blendserve.scheduling.warmup import WarmupController, filler_order, rest_context
 
 
@@ -74,6 +75,12 @@ def plan_shard(config: RunConfig, runs: list[str], done: dict[str, int]) -> Shar
     return ShardWork(requests, todo, scheduler.controller(todo), scheduler)
 
 
+def plan_worker(config: RunConfig) -> PlanWorker:
+    """Who makes the shard's plan: a thread beside a real engine, which goes on running fillers; the
+    simulator's clock instead charges the plan a modelled time, so its runs stay reproducible."""
+    return SimulatedPlan() if config.engine == "simulator" else ThreadPlan()
+
+
 class ShardScheduler:
     """One shard's requests, their warm-up sample, the lengths learnt so far and the policy over them."""
 
@@ -101,7 +108,7 @@ class ShardScheduler:
         is_sample = np.isin(self.todo_index, self.sampled)
         caps = self.inputs.batch.max_tokens[self.todo_index]
         fillers = filler_order(self.tree, self.todo_index, np.flatnonzero(~is_sample))
-        self.run = WarmupController(np.flatnonzero(is_sample), fillers, self, caps)
+        self.run = WarmupController(np.flatnonzero(is_sample), fillers, self, caps, worker=plan_worker(self.config))
         return self.run
 
     def estimate(self, observed: dict[int, float], running: dict[int, int]) -> Estimates:

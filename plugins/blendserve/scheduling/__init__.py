@@ -8,6 +8,7 @@
 - ``blend``: the stratified blend (density strata spread over the run, prefixes kept whole).
 - ``choice``: ``blendserve`` itself: candidates simulated on the estimates, the fastest kept.
 - ``warmup``: samples first, fillers beside them, then the policy on the learnt lengths.
+- ``plan_worker``: where that plan is made while the engine runs on (a thread; the simulator's clock).
 - ``registry``: name -> policy, read by the DAG form, the CLI, the config and the benches.
 
 The tree side (prefix tree, sort and split, groups, shards, scan items) is ``blendserve.planner``.
@@ -20,4 +21,8 @@ The tree side (prefix tree, sort and split, groups, shards, scan items) is ``ble
 #   (``sampling.estimator``: a family of long answers spread over several prompt lengths).
 # 3 (2026-12-05): the warm-up also samples every group that could hold a quarter of a stratum's share
 #   (``sampling.select._group_picks``: a family too thin in each prompt length to be covered there).
-PLANNER_REVISION = 3
+# 4 (2026-12-06): the warm-up's plan is made beside the engine, which admits fillers until it lands
+#   (``plan_worker``); the simulator charges its modelled time. Known-length runs have no warm-up: unchanged.
+PLANNER_REVISION = 4
+# The last revision that changed a known-length run's order: those runs plan once, with no warm-up.
+KNOWN_LENGTHS_REVISION = 3

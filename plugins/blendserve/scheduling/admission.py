@@ -22,6 +22,7 @@ class EngineState:
     waiting: int  # admitted, not yet scheduled
     kv_used_tokens: int  # KV slots in use, in tokens
     kv_total_tokens: int  # KV capacity, in tokens
+    clock_s: float = 0.0  # the simulator's seconds since the run began (plan_worker.SimulatedPlan); 0 elsewhere
 
 
 class AdmissionController(Protocol):

@@ -59,6 +59,16 @@ class Choice:
         return {name: float(np.mean(t)) for name, t in self.scenario_s.items()}
 
     @property
+    def simulated_steps(self) -> int:
+        """Engine steps simulated for the choice, every candidate on every scenario (with the requests, its cost)."""
+        return sum(self.steps[name] * len(t) for name, t in self.scenario_s.items())
+
+    @property
+    def simulated_requests(self) -> int:
+        """Requests simulated for the choice: the sample once per candidate and scenario."""
+        return self.sample * sum(len(t) for t in self.scenario_s.values())
+
+    @property
     def worst_s(self) -> dict[str, float]:
         """Every candidate's slowest scenario."""
         return {name: max(t) for name, t in self.scenario_s.items()}

