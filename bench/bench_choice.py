@@ -56,8 +56,9 @@ class PlanPoint:
 
 
 class _StopAtPlan(BatchPlanner):
-    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool) -> AdmissionController:
-        self.point = PlanPoint(self.context(rest, estimates, lists_only), rest)
+    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
+             ) -> AdmissionController:
+        self.point = PlanPoint(self.context(rest, estimates, lists_only), rest)  # the quick plan's is the same
         raise _Planned
 
 

@@ -21,12 +21,15 @@ COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
 STATE = EngineState(running=0, waiting=0, kv_used_tokens=0, kv_total_tokens=450_000)
 
 
-def _simulated_run(worker, kv: int = 200_000):  # type: ignore[no-untyped-def]
-    """A blendserve warm-up run in the simulator; the admissions in order, each checked against remaining()."""
+def _simulated_run(worker, kv: int = 200_000, quick: bool = True):  # type: ignore[no-untyped-def]
+    """A blendserve warm-up run in the simulator (``quick``: with its quick plan, else fillers while the plan
+    is made); the admissions in order, each checked against remaining()."""
     batch = synthetic_batch(1500, family_size=100, memory_heavy_fraction=0.2, seed=4)
     tree = build_prefix_tree(batch, COST)
     sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
     controller = warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=kv, worker=worker)
+    if not quick:
+        controller.quick = None
     admitted: list[int] = []
     ask = controller.next_request
 
@@ -43,23 +46,28 @@ def _simulated_run(worker, kv: int = 200_000):  # type: ignore[no-untyped-def]
     return batch, controller, admitted, result
 
 
-def test_fillers_run_while_the_simulated_plan_is_made_and_nothing_runs_twice(monkeypatch) -> None:
-    _, inline, _, waited = _simulated_run(InlinePlan())
+@pytest.mark.parametrize("quick", [True, False])
+def test_the_run_goes_on_while_the_simulated_plan_is_made_and_nothing_runs_twice(quick, monkeypatch) -> None:
+    _, inline, _, _ = _simulated_run(InlinePlan())
     monkeypatch.setattr(plan_worker, "PLAN_S_PER_SIM_STEP", 2e-4)  # a slow host: the plan takes a while
-    batch, controller, admitted, result = _simulated_run(SimulatedPlan())
+    batch, controller, admitted, _ = _simulated_run(SimulatedPlan(), quick=quick)
     assert sorted(admitted) == list(range(len(batch)))  # every request once: none twice, none lost
-    assert inline.admitted_while_planning == 0  # inline, the engine waited
+    assert inline.admitted_while_planning == 0 and not inline._quick_landed  # inline, the engine waited
     assert controller.worker.latency_s > 1 and controller.admitted_while_planning > 0
-    assert controller.unplanned > inline.unplanned  # the fillers went on
-    # the plan's list is served past what ran meanwhile: the plan admitted the rest and only the rest
-    planned = [i for i in admitted[len(controller.sampled) + controller.unplanned:]]
-    assert set(planned) == set(controller._rest.tolist()) - set(admitted[:len(admitted) - len(planned)])
-    assert result.total_time > 0 and waited.total_time > 0
+    assert controller._making is None and not controller._taken  # the plan landed and skipped all it had to
+    assert controller._quick_landed is quick
+    if quick:  # the quick list took over at once: hardly a filler
+        assert controller.unplanned <= inline.unplanned + 8
+    else:  # the fillers went on
+        assert controller.unplanned > inline.unplanned
 
 
-def test_a_plan_slower_than_the_job_leaves_it_to_the_fillers(monkeypatch) -> None:
+def test_a_plan_slower_than_the_job_leaves_the_rest_to_its_quick_list_or_the_fillers(monkeypatch) -> None:
     monkeypatch.setattr(plan_worker, "PLAN_S_PER_SIM_STEP", 10.0)
     batch, controller, admitted, _ = _simulated_run(SimulatedPlan())
+    assert sorted(admitted) == list(range(len(batch)))
+    assert controller._quick_landed and controller._making is not None and controller.plan_seconds == 0
+    batch, controller, admitted, _ = _simulated_run(SimulatedPlan(), quick=False)
     assert sorted(admitted) == list(range(len(batch)))
     assert controller.inner is None and controller.unplanned == len(controller.fillers)
 
@@ -86,7 +94,9 @@ class _SlowPlanner:
     def estimate(self, observed, running):  # type: ignore[no-untyped-def]
         return None
 
-    def plan(self, rest, estimates, lists_only):  # type: ignore[no-untyped-def]
+    def plan(self, rest, estimates, lists_only, policy=None):  # type: ignore[no-untyped-def]
+        if policy == "quick":  # at once, the rest from its last request back
+            return StaticOrder(np.arange(len(rest))[::-1])
         self.release.wait(timeout=30)
         self.lists_only.append(lists_only)
         if self.error is not None:
@@ -94,10 +104,10 @@ class _SlowPlanner:
         return StaticOrder(np.arange(len(rest)))
 
 
-def _threaded(planner: _SlowPlanner) -> WarmupController:
+def _threaded(planner: _SlowPlanner, quick: str | None = None) -> WarmupController:
     """Samples 0..2 (all finished), fillers 3..39 in reverse order, a thread making the plan."""
     controller = WarmupController(np.array([0, 1, 2]), np.arange(39, 2, -1), planner, np.full(40, 1000),
-                                  worker=ThreadPlan())
+                                  worker=ThreadPlan(), quick=quick)
     assert [controller.next_request(STATE) for _ in range(3)] == [0, 1, 2]
     for i in range(3):
         controller.on_finish(i, 10)
@@ -110,7 +120,7 @@ def test_the_engine_goes_on_while_a_thread_makes_the_plan() -> None:
     meanwhile = [controller.next_request(STATE) for _ in range(5)]  # the plan starts on the first call
     assert meanwhile == [39, 38, 37, 36, 35] and controller.inner is None
     planner.release.set()
-    controller.worker._thread.join(timeout=30)
+    controller.worker.join(timeout=30)
     rest = [controller.next_request(STATE) for _ in range(controller.remaining())]
     # the plan (index order over 3..39) past the five that ran while it was made
     assert rest == list(range(3, 35)) and controller.next_request(STATE) is None and controller.remaining() == 0
@@ -118,12 +128,28 @@ def test_the_engine_goes_on_while_a_thread_makes_the_plan() -> None:
     assert controller.admitted_while_planning == 5 and controller.plan_seconds > 0
 
 
+def test_the_quick_plan_runs_while_the_plan_is_made_and_the_plan_takes_over_past_it() -> None:
+    planner = _SlowPlanner()
+    controller = _threaded(planner, quick="quick")
+    first = controller.next_request(STATE)  # the plan starts; the quick one is not back yet, or just back
+    controller._quick_worker.join(timeout=30)
+    meanwhile = [controller.next_request(STATE) for _ in range(4)]
+    assert meanwhile == [39, 38, 37, 36] or first == 39  # the quick list: 3..39 from the back
+    assert controller._quick_landed and controller._making is not None
+    planner.release.set()
+    controller.worker.join(timeout=30)
+    rest = [controller.next_request(STATE) for _ in range(controller.remaining())]
+    ran = [first, *meanwhile]
+    assert rest == [i for i in range(3, 40) if i not in ran] and controller.next_request(STATE) is None
+    assert sorted(ran + rest) == list(range(3, 40))  # every request once
+
+
 def test_a_failed_plan_fails_the_run_where_the_engine_asks() -> None:
     planner = _SlowPlanner(error=ValueError("the cost model is broken"))
     controller = _threaded(planner)
     controller.next_request(STATE)
     planner.release.set()
-    controller.worker._thread.join(timeout=30)
+    controller.worker.join(timeout=30)
     with pytest.raises(ValueError, match="cost model is broken"):
         controller.next_request(STATE)
 

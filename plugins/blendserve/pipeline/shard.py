@@ -25,7 +25,7 @@ from blendserve.sampling import Estimates, estimate_table, estimates_from, shard
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
 from blendserve.scheduling.plan_worker import PlanWorker, SimulatedPlan, ThreadPlan
-from blendserve.scheduling.warmup import WarmupController, filler_order, rest_context
+from blendserve.scheduling.warmup import QUICK, WarmupController, filler_order, rest_context
 
 
 def learns_lengths(config: RunConfig) -> bool:
@@ -108,7 +108,8 @@ class ShardScheduler:
         is_sample = np.isin(self.todo_index, self.sampled)
         caps = self.inputs.batch.max_tokens[self.todo_index]
         fillers = filler_order(self.tree, self.todo_index, np.flatnonzero(~is_sample))
-        self.run = WarmupController(np.flatnonzero(is_sample), fillers, self, caps, worker=plan_worker(self.config))
+        self.run = WarmupController(np.flatnonzero(is_sample), fillers, self, caps, worker=plan_worker(self.config),
+                                    quick=QUICK.get(self.config.policy))
         return self.run
 
     def estimate(self, observed: dict[int, float], running: dict[int, int]) -> Estimates:
@@ -119,11 +120,13 @@ class ShardScheduler:
         progress = {int(self.todo_index[e]): n for e, n in running.items()}
         return estimates_from(self.inputs.batch, self.tree, lengths, progress).take(self.todo_index)
 
-    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool = False) -> AdmissionController:
-        """``RestPlanner``: the policy over ``rest`` (engine indices; the controller's are positions in it)."""
+    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool = False, policy: str | None = None,
+             ) -> AdmissionController:
+        """``RestPlanner``: the policy (default the run's) over ``rest`` (engine indices; the controller's are
+        positions in it)."""
         context = rest_context(self.inputs.batch.take(self.todo_index[rest]), estimates.take(rest), self.inputs.cost,
                                self.inputs.kv_capacity, lists_only=lists_only)
-        return make_controller(self.config.policy, context)
+        return make_controller(policy or self.config.policy, context)
 
     def table(self) -> pa.Table | None:
         """The ``samples`` rows of this shard, with every sampled length observed so far (None: no warm-up)."""

@@ -11,8 +11,9 @@ past ``LONG_AFTER`` tokens (and past several times the longest finished one,
 or past ``LONG_ENOUGH``), or once ``MAX_BEFORE_PLAN`` of the shard has started, those still running
 count at their expected length given how far they got
 (``strata.censored_length``), and the planner orders the requests not yet
-admitted. The plan is made beside the engine (``plan_worker``): fillers go on
-being admitted until it lands, and it then skips the ones it had listed. Online re-estimation is there but off (``MAX_REPLANS = 0``):
+admitted. The plan is made beside the engine (``plan_worker``); meanwhile the
+rest runs in a quick plan's order (``QUICK``: one of the plan's candidates, no
+simulation), or as fillers, and the plan then skips what ran. Online re-estimation is there but off (``MAX_REPLANS = 0``):
 every ``check_every`` finishes the estimates would be made again from the
 sample and the stream's surprises, and when the rest's estimated output moved
 by ``REPLAN_MOVE`` or more the rest would be planned again, as a list. On the
@@ -64,6 +65,11 @@ MAX_REPLANS = 0
 # 400k in docs/PLANNER_NOTES.md ("fillers in pieces"), not yet the default.
 FILLER_PIECE: int | None = None
 
+# A policy whose plan takes long (blendserve's choice simulates every candidate on every draw), and the one of its
+# candidates that runs while it is made: one list, no simulation, about what a dfs plan costs. Without it the
+# random fillers run meanwhile, and a prefix unit of long answers can start as one burst (``filler_order``).
+QUICK = {"blendserve": "blendserve[spread]"}
+
 # Draws of the unknown lengths (``estimator.draw_outputs``) a plan is tried under besides the estimates'
 # means: ``PolicyContext.output_draws``.
 DRAWS = 3
@@ -75,9 +81,10 @@ class RestPlanner(Protocol):
         requests still running, whose tokens so far are in ``running``)."""
         ...
 
-    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool) -> AdmissionController:
-        """The policy over ``rest`` (request indices) on ``estimates``; its indices are positions in ``rest``.
-        ``lists_only``: the policy must admit a fixed list (``PolicyContext.lists_only``)."""
+    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
+             ) -> AdmissionController:
+        """The policy (``policy``, else the planner's own) over ``rest`` (request indices) on ``estimates``; its
+        indices are positions in ``rest``. ``lists_only``: it must admit a fixed list (``PolicyContext.lists_only``)."""
         ...
 
 
@@ -116,12 +123,16 @@ class WarmupController:
     """Implements ``blendserve.scheduling.admission.AdmissionController`` over the whole batch."""
 
     def __init__(self, sampled: np.ndarray, fillers: np.ndarray, planner: RestPlanner, caps: np.ndarray,
-                 check_every: int | None = None, worker: PlanWorker | None = None) -> None:
+                 check_every: int | None = None, worker: PlanWorker | None = None, quick: str | None = None) -> None:
         self.sampled = np.asarray(sampled, dtype=np.int64)
         self.fillers = np.asarray(fillers, dtype=np.int64)  # the other requests, in admission order (filler_order)
         self.planner = planner
         self.caps = np.asarray(caps, dtype=np.int64)  # max_tokens by request index: bounds a censored length
         self.worker: PlanWorker = ThreadPlan() if worker is None else worker  # makes the plans (plan_worker)
+        # the policy that runs while the plan is made (``QUICK``), by a worker of the same kind; None: fillers
+        self.quick = None if self.worker.waits else quick
+        self._quick_worker: PlanWorker = type(self.worker)()
+        self._quick_landed = False  # whether the plan being made runs its quick list meanwhile
         self.observed: dict[int, int] = {}  # request index -> output tokens, every finished request
         self.running: dict[int, int] = {}  # admitted, unfinished request -> output tokens reported so far
         self._is_sample = set(self.sampled.tolist())
@@ -151,7 +162,7 @@ class WarmupController:
         if self.inner is None and self._making is None and (self._sample_known() or self._warmup_spent()):
             self._start_plan(self._estimate())
         if self._making is not None:
-            self._land(self.worker.ready(self._now_s))
+            self._poll()
         if self.inner is None:
             if self._next_filler >= len(self.fillers):
                 return None
@@ -222,23 +233,41 @@ class WarmupController:
         # lands: a run-time controller would book only its own admissions and overfill the KV, and its
         # simulation, from an empty engine, would not show it. So lists only, then.
         lists_only = bool(self.running) or not self.worker.waits
-        self._making = (rest, estimates)
+        self._making, self._quick_landed = (rest, estimates), False
+        if self.quick is not None and len(rest):
+            self._quick_worker.start(lambda: self.planner.plan(rest, estimates, True, self.quick), self._now_s,
+                                     len(rest))
         self.worker.start(lambda: self.planner.plan(rest, estimates, lists_only) if len(rest) else StaticOrder([]),
                           self._now_s, len(rest))
-        self._land(self.worker.ready(self._now_s))
+        self._poll()
 
-    def _land(self, plan: AdmissionController | None) -> None:
+    def _poll(self) -> None:
+        """Land the plan being made once it is ready; until then its quick list, once that is."""
+        plan = self.worker.ready(self._now_s)
+        if plan is not None:
+            self._land(plan)
+            self._making = None
+            self._log_plan(plan)
+        elif self.quick is not None and not self._quick_landed:
+            quick = self._quick_worker.ready(self._now_s)
+            if quick is not None:
+                self._land(quick)
+                self._quick_landed = True
+
+    def _land(self, plan: AdmissionController) -> None:
         """Run ``plan`` from now on, past the requests of its rest admitted while it was made."""
-        if plan is None:
-            return
         rest, estimates = self._making
-        self._making = None
         self.inner, self._rest, self.estimates, self._inner_of = plan, rest, estimates, {}
         self._taken = {i for i in rest.tolist() if i in self.running or i in self.observed}
+
+    def _log_plan(self, plan: AdmissionController) -> None:
+        rest = self._rest
         self.plan_seconds += self.worker.seconds
         choice = getattr(plan, "choice", None)
         log.info("planned the %d requests left in %.1f s (%s)%s", len(rest), self.worker.seconds,
-                 "the engine waited" if self.worker.waits else f"{len(self._taken)} of them ran meanwhile",
+                 "the engine waited" if self.worker.waits else
+                 f"{len(self._taken)} of them ran meanwhile, " + (f"in {self.quick}'s order" if self._quick_landed
+                                                                   else "as fillers"),
                  f"; chose {choice.name}" if choice is not None else "")
 
     def _maybe_replan(self) -> None:
@@ -315,8 +344,9 @@ class BatchPlanner:
         return rest_context(self.batch.take(rest), estimates.take(rest), self.cost_model, self.kv_capacity_tokens,
                             self.seed, lists_only)
 
-    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool) -> AdmissionController:
-        return make_controller(self.policy, self.context(rest, estimates, lists_only))
+    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
+             ) -> AdmissionController:
+        return make_controller(policy or self.policy, self.context(rest, estimates, lists_only))
 
 
 def warmup_controller(
@@ -341,4 +371,4 @@ def warmup_controller(
     planner = BatchPlanner(batch, tree, cost_model, kv_capacity_tokens, policy, seed)
     fillers = filler_order(tree, np.arange(len(batch)), others, seed)
     return WarmupController(sampled, fillers, planner, batch.max_tokens,
-                            worker=SimulatedPlan() if worker is None else worker)
+                            worker=SimulatedPlan() if worker is None else worker, quick=QUICK.get(policy))
