@@ -83,6 +83,17 @@ def test_the_simulated_latency_is_per_request_and_per_simulated_step() -> None:
     assert controller.worker.latency_s == pytest.approx(expected)
 
 
+class _Booking(StaticOrder):
+    """A list that records what it hears finished, as a controller that books KV would free it."""
+
+    def __init__(self, order) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(order)
+        self.finished: list[int] = []
+
+    def on_finish(self, index: int, output_tokens: int) -> None:
+        self.finished.append(index)
+
+
 class _SlowPlanner:
     """A ``RestPlanner`` whose plan waits for ``release`` (or fails with ``error``): the rest in index order."""
 
@@ -101,7 +112,7 @@ class _SlowPlanner:
         self.lists_only.append(lists_only)
         if self.error is not None:
             raise self.error
-        return StaticOrder(np.arange(len(rest)))
+        return _Booking(np.arange(len(rest)))
 
 
 def _threaded(planner: _SlowPlanner, quick: str | None = None) -> WarmupController:
@@ -125,6 +136,8 @@ def test_the_engine_goes_on_while_a_thread_makes_the_plan() -> None:
     # the plan (index order over 3..39) past the five that ran while it was made
     assert rest == list(range(3, 35)) and controller.next_request(STATE) is None and controller.remaining() == 0
     assert planner.lists_only == [True]  # requests run while it is made: a list, never a booking controller
+    # the five that ran meanwhile are finished as far as the plan goes (a controller that books KV frees them)
+    assert controller.inner.finished == [39 - 3 - k for k in range(5)][::-1]
     assert controller.admitted_while_planning == 5 and controller.plan_seconds > 0
 
 

@@ -1,11 +1,12 @@
-"""Where a warm-up's plan is made while the engine goes on running fillers.
+"""Where a warm-up's plan is made while the engine goes on admitting requests.
 
 The plan of the rest (``choice.choose``: every candidate simulated under
 several draws) takes seconds to minutes of CPU: 2.0-4.1% of the simulated run
 on the 8B paper mixes at 40k requests, on the benches' 2-core host. Made
 inline, the engine waits for it; made here, the warm-up controller keeps
-admitting fillers until it is ready (``warmup.WarmupController``), so the
-plan's time costs only the share of the job that runs unplanned meanwhile.
+admitting requests until it is ready (``warmup.WarmupController``: a quick
+plan's list, else fillers), so the plan's time costs only the share of the
+job that runs in that order meanwhile.
 
 - ``ThreadPlan``: real engines. A thread, not a process: the planner's inputs
   (batch, tree, cost model) would have to be pickled or forked from a process

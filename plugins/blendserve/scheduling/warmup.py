@@ -174,8 +174,9 @@ class WarmupController:
         """The plan's next request, past those admitted while it was made."""
         while (picked := self.inner.next_request(state)) is not None:
             index = int(self._rest[picked])
-            if index in self._taken:
+            if index in self._taken:  # it ran meanwhile: done as far as the plan goes (a booking one frees it)
                 self._taken.discard(index)
+                self.inner.on_finish(picked, 0)
                 continue
             self._inner_of[index] = picked
             return self._admitted(index)
