@@ -177,7 +177,7 @@ def _before_plan(mixes: list[dict]) -> str:
     shares = ", ".join(f"{m['mix']} {(r['sampled'] + r['unplanned']) / m['requests']:.0%}"
                        for m, r in zip(mixes, rows))
     return (f" Requests blendserve ran before its plan existed (the warm-up sample and the random fillers beside "
-            f"it, until the plan was there): {shares}.{_plan_seconds(mixes, rows)}")
+            f"it, until a plan was there): {shares}.{_plan_seconds(mixes, rows)}")
 
 
 def _waited(row: dict) -> bool:
@@ -198,9 +198,10 @@ def _plan_seconds(mixes: list[dict], rows: list[dict]) -> str:
     if charged:
         each = ", ".join(f"{m['mix']} {r['plan_s']:,.0f} s, charged {r['plan_latency_s']:,.0f} s "
                          f"({r['admitted_while_planning']:,} requests admitted meanwhile)" for m, r in charged)
-        text += (" The plan is made beside the engine, which goes on admitting random fillers until it lands "
-                 f"(`scheduling.plan_worker`); the simulated times count that: {each}. It took this machine's "
-                 "seconds above; the simulated run held it back its modelled time (`plan_latency`).")
+        text += (" The plan is made beside the engine, which meanwhile runs the rest in a quick plan's order "
+                 "(`warmup.QUICK`; random fillers for a policy without one) until it lands (`scheduling.plan_worker`); "
+                 f"the simulated times count that: {each}. The first seconds are this machine's; the simulated run "
+                 "held the plan back for its modelled time (`plan_latency`).")
     return text
 
 
