@@ -13,7 +13,8 @@ count at their expected length given how far they got
 (``strata.censored_length``), and the planner orders the requests not yet
 admitted. The plan is made beside the engine (``plan_worker``); meanwhile the
 rest runs in a quick plan's order (``QUICK``: one of the plan's candidates, no
-simulation), or as fillers, and the plan then skips what ran. Online re-estimation is there but off (``MAX_REPLANS = 0``):
+simulation), or as fillers, and the plan then skips what ran. Online
+re-estimation is there but off (``MAX_REPLANS = 0``):
 every ``check_every`` finishes the estimates would be made again from the
 sample and the stream's surprises, and when the rest's estimated output moved
 by ``REPLAN_MOVE`` or more the rest would be planned again, as a list. On the
@@ -235,7 +236,7 @@ class WarmupController:
         # simulation, from an empty engine, would not show it. So lists only, then.
         lists_only = bool(self.running) or not self.worker.waits
         self._making, self._quick_landed = (rest, estimates), False
-        if self.quick is not None and len(rest):
+        if self.quick is not None and self.inner is None and len(rest):  # a re-plan keeps the old plan meanwhile
             self._quick_worker.start(lambda: self.planner.plan(rest, estimates, True, self.quick), self._now_s,
                                      len(rest))
         self.worker.start(lambda: self.planner.plan(rest, estimates, lists_only) if len(rest) else StaticOrder([]),
