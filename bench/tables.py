@@ -48,15 +48,16 @@ def is_current(provenance: dict, hidden: bool) -> bool:
     return planner_revision(provenance) >= (PLANNER_REVISION if hidden else KNOWN_LENGTHS_REVISION)
 
 
-def planned_earlier(mixes: list[dict]) -> list[str]:
-    """Mixes whose plans an earlier planner revision made: not what the planner does now (``is_current``; a
-    mix with a uniform ``max_tokens`` ran with lengths hidden)."""
-    return [m["mix"] for m in mixes if not is_current(m.get("provenance", {}), m.get("max_tokens") is not None)]
+def planned_earlier(mixes: list[dict], hidden: bool | None = None) -> list[str]:
+    """Mixes whose plans an earlier planner revision made: not what the planner does now (``is_current``). With
+    ``hidden`` None, a mix with a uniform ``max_tokens`` ran with lengths hidden."""
+    return [m["mix"] for m in mixes if not is_current(
+        m.get("provenance", {}), m.get("max_tokens") is not None if hidden is None else hidden)]
 
 
-def planned_earlier_note(mixes: list[dict]) -> str:
+def planned_earlier_note(mixes: list[dict], hidden: bool | None = None) -> str:
     """A sentence naming the mixes an earlier planner revision planned, or nothing."""
-    old = planned_earlier(mixes)
+    old = planned_earlier(mixes, hidden)
     return (f" Planned by an earlier planner revision than this checkout's ({PLANNER_REVISION}), not rerun since: "
             f"{', '.join(old)}." if old else "")
 
@@ -425,7 +426,7 @@ def seeds_section(data: dict) -> str:
              "request. Each row is one whole shard at one seed: its warm-up sample, its fillers' order, the "
              "choice's subsample and `balance`'s permutation (`fcfs`, the file's order, has none). The tables above "
              "run seed 0; a miss there smaller than the spread here is a draw, not a rank."
-             + planned_earlier_note(oldest))
+             + planned_earlier_note(oldest, hidden=True))
     header = ["mix", "seed", "fcfs s", "balance s", "blendserve s", "pick", *(f"x {b}" for b in SEED_BASELINES)]
     runs = [run["provenance"] for seeds in data["mixes"].values() for run in seeds.values()]
     latest = max(runs, key=lambda p: p["date"])
