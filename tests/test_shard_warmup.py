@@ -14,6 +14,7 @@ import pytest
 from blendserve import files
 from blendserve.pipeline import parts, shard, steps
 from blendserve.pipeline.steps import InjectedFault, infer_shard, ingest_step, load_step, plan_step
+from blendserve.scheduling import plan_worker
 from blendserve.scheduling.choice import ChosenAdmission
 
 
@@ -48,6 +49,10 @@ def record_admissions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[shard.Shard
 
 def test_each_shard_admits_its_sample_first_then_replans_the_rest(make_config, monkeypatch):
     config = make_config(engine="simulator", sample_rate=0.1, shards=2, run_id="warm", max_num_seqs=2)  # room for few fillers
+    # The choice lands at once: on a job this small its modelled time is longer than the job, and the quick
+    # list would run the whole rest (tests/test_plan_worker.py covers that).
+    for cost in ("PLAN_S_PER_REQUEST", "PLAN_S_PER_SIM_REQUEST", "PLAN_S_PER_SIM_STEP"):
+        monkeypatch.setattr(plan_worker, cost, 0.0)
     ingest_step(config)
     plan_step(config)
     made = record_admissions(monkeypatch)
