@@ -104,8 +104,8 @@ def _choice(controller: AdmissionController | None, requests: int, t_opt: float)
 def _warmup_counts(controller: AdmissionController) -> dict:
     if not isinstance(controller, WarmupController):
         return {"sampled": 0, "unplanned": 0}
-    # plan_s: this machine's seconds for the plan. plan_latency_s: the simulated seconds the engine ran fillers
-    # while it was made (plan_worker.SimulatedPlan), which the simulated time includes.
+    # plan_s: this machine's seconds for the plan. plan_latency_s: the simulated seconds the engine ran on (the
+    # quick list, or fillers) while it was made (plan_worker.SimulatedPlan), which the simulated time includes.
     latency = getattr(controller.worker, "latency_s", None)
     return {"sampled": len(controller.sampled), "unplanned": controller.unplanned,
             "plan_s": controller.plan_seconds, "plan_latency_s": latency,

@@ -9,9 +9,9 @@ reset before every run:
 
 - ``single``: all requests in one run (no warm-up);
 - ``inline``: one run with ``scheduling.warmup.WarmupController`` (samples
-  first, random fillers while they run and while blendserve's plan is made on
-  its thread, then the rest in FCFS order: ``FcfsAfterChoice``): what every
-  infer shard does (``pipeline.shard.plan_shard``);
+  first, random fillers while they run, then blendserve's plans made on their
+  threads as a shard makes them, each admitting the rest in FCFS order:
+  ``FcfsAfterChoice``): what every infer shard does (``pipeline.shard.plan_shard``);
 - ``phased``: the sample as its own run, then the rest (the pipeline before
   2026-11-29, when the warm-up was a task of its own).
 

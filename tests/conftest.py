@@ -12,6 +12,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -115,6 +116,25 @@ def run_cli(*args: str, timeout: float = 300, **env: str) -> subprocess.Complete
     """``python -m blendserve ARGS`` in a child process, output captured as text."""
     return subprocess.run([sys.executable, "-m", "blendserve", *args], capture_output=True, text=True,
                           timeout=timeout, env=subprocess_env(**env), cwd=REPO)
+
+
+def record_admissions(controller, check: Callable[[list[int]], None] | None = None,  # type: ignore[no-untyped-def]
+                      ) -> list[int]:
+    """The request indices ``controller`` admits from now on, in order (filled as it runs); ``check`` sees the
+    list after every call to ``next_request``."""
+    admitted: list[int] = []
+    inner_next = controller.next_request
+
+    def record(state):  # type: ignore[no-untyped-def]
+        picked = inner_next(state)
+        if picked is not None:
+            admitted.append(picked)
+        if check is not None:
+            check(admitted)
+        return picked
+
+    controller.next_request = record
+    return admitted
 
 
 def pytest_configure(config) -> None:

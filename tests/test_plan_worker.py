@@ -15,6 +15,7 @@ from blendserve.scheduling.admission import EngineState, StaticOrder
 from blendserve.scheduling.plan_worker import InlinePlan, SimulatedPlan, ThreadPlan
 from blendserve.scheduling.warmup import WarmupController, warmup_controller
 from blendserve.sim import SimConfig, simulate
+from conftest import record_admissions
 from synthetic import synthetic_batch
 
 COST = CostModel(get_model("llama-3.1-8b"), get_hardware("a100-80g"))
@@ -30,18 +31,11 @@ def _simulated_run(worker, kv: int = 200_000, quick: bool = True):  # type: igno
     controller = warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=kv, worker=worker)
     if not quick:
         controller.quick = None
-    admitted: list[int] = []
-    ask = controller.next_request
 
-    def record(state: EngineState) -> int | None:
-        picked = ask(state)
-        if picked is not None:
-            admitted.append(picked)
-        # exact, or an engine would wait for requests that never come (vLLM raises on it)
+    def exact(admitted: list[int]) -> None:  # or an engine would wait for requests that never come (vLLM raises)
         assert controller.remaining() == len(batch) - len(admitted)
-        return picked
 
-    controller.next_request = record  # type: ignore[method-assign]
+    admitted = record_admissions(controller, exact)
     result = simulate(batch, batch.sim_output_tokens, COST, controller, SimConfig(kv_capacity_tokens=kv))
     return batch, controller, admitted, result
 

@@ -10,6 +10,7 @@ from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.scheduling.admission import EngineState
 from blendserve.scheduling.dual_scan import LEFT, RIGHT, DualScanController, ScanItems
+from conftest import record_admissions
 from synthetic import batch_from_prompts, synthetic_batch
 from blendserve.sampling import (
     draw_outputs,
@@ -227,21 +228,6 @@ def test_report_errors_overall_and_per_subtree() -> None:
     assert sum(r.requests for r in rows[1:]) == overall.requests
     table = estimate_table(batch, est, np.where(np.arange(len(batch)) == 13, -1, actual))
     assert table.num_rows == len(batch) and table.column("actual_output_tokens").null_count == 1
-
-
-def record_admissions(controller) -> list[int]:  # type: ignore[no-untyped-def]
-    """The request indices ``controller`` admits from now on, in order (filled as it runs)."""
-    admitted: list[int] = []
-    inner_next = controller.next_request
-
-    def record(state: EngineState) -> int | None:
-        picked = inner_next(state)
-        if picked is not None:
-            admitted.append(picked)
-        return picked
-
-    controller.next_request = record  # type: ignore[method-assign]
-    return admitted
 
 
 def test_inline_warmup_admits_samples_first_and_every_request_once(caplog) -> None:

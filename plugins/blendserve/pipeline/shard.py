@@ -76,8 +76,8 @@ def plan_shard(config: RunConfig, runs: list[str], done: dict[str, int]) -> Shar
 
 
 def plan_worker(config: RunConfig) -> PlanWorker:
-    """Who makes the shard's plan: a thread beside a real engine, which goes on running fillers; the
-    simulator's clock instead charges the plan a modelled time, so its runs stay reproducible."""
+    """Who makes the shard's plan: a thread beside a real engine, which goes on admitting requests meanwhile;
+    the simulator's clock instead charges the plan a modelled time, so its runs stay reproducible."""
     return SimulatedPlan() if config.engine == "simulator" else ThreadPlan()
 
 
