@@ -403,7 +403,10 @@ def test_the_plan_does_not_wait_for_the_longest_sampled_answer() -> None:
     assert controller.estimates is not None and np.median(controller.estimates.mean[rare]) > 1_000
 
 
-def test_online_replans_keep_every_request_once_and_stay_lists(monkeypatch) -> None:
+# A list policy, so the first plan can be re-planned (a run-time controller's is not: is_list); and blendserve,
+# whose first plan runs a quick list while it is made, which must not land again on a re-plan's rest.
+@pytest.mark.parametrize("policy", ["blendserve[spread]", "blendserve"])
+def test_online_replans_keep_every_request_once_and_stay_lists(policy, monkeypatch) -> None:
     import blendserve.scheduling.warmup as warmup
     from blendserve.sim import SimConfig, simulate
 
@@ -412,9 +415,7 @@ def test_online_replans_keep_every_request_once_and_stay_lists(monkeypatch) -> N
     batch, truth, _ = _rare_long_family(n=1500, family=12)
     tree = build_prefix_tree(batch, COST)
     sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
-    # A list policy, so the first plan can be re-planned (a run-time controller's is not: is_list).
-    controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=100_000,
-                                          policy="blendserve[spread]")
+    controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=100_000, policy=policy)
     controller.check_every = 32
     admitted = record_admissions(controller)
     simulate(batch, truth, COST, controller, SimConfig(kv_capacity_tokens=100_000))

@@ -133,7 +133,7 @@ class WarmupController:
         # the policy that runs while the plan is made (``QUICK``), by a worker of the same kind; None: fillers
         self.quick = None if self.worker.waits else quick
         self._quick_worker: PlanWorker = type(self.worker)()
-        self._quick_landed = False  # whether the plan being made runs its quick list meanwhile
+        self._quick_list = "none"  # the quick list of the plan being made: "none", "making" or "landed"
         self.observed: dict[int, int] = {}  # request index -> output tokens, every finished request
         self.running: dict[int, int] = {}  # admitted, unfinished request -> output tokens reported so far
         self._is_sample = set(self.sampled.tolist())
@@ -235,8 +235,10 @@ class WarmupController:
         # lands: a run-time controller would book only its own admissions and overfill the KV, and its
         # simulation, from an empty engine, would not show it. So lists only, then.
         lists_only = bool(self.running) or not self.worker.waits
-        self._making, self._quick_landed = (rest, estimates), False
-        if self.quick is not None and self.inner is None and len(rest):  # a re-plan keeps the old plan meanwhile
+        # A re-plan keeps the old plan meanwhile: the quick worker still holds the first plan's list, not this rest's.
+        quick = self.quick is not None and self.inner is None and len(rest) > 0
+        self._making, self._quick_list = (rest, estimates), "making" if quick else "none"
+        if quick:
             self._quick_worker.start(lambda: self.planner.plan(rest, estimates, True, self.quick), self._now_s,
                                      len(rest))
         self.worker.start(lambda: self.planner.plan(rest, estimates, lists_only) if len(rest) else StaticOrder([]),
@@ -250,11 +252,11 @@ class WarmupController:
             self._land(plan)
             self._making = None
             self._log_plan(plan)
-        elif self.quick is not None and not self._quick_landed:
+        elif self._quick_list == "making":
             quick = self._quick_worker.ready(self._now_s)
             if quick is not None:
                 self._land(quick)
-                self._quick_landed = True
+                self._quick_list = "landed"
 
     def _land(self, plan: AdmissionController) -> None:
         """Run ``plan`` from now on, past the requests of its rest admitted while it was made."""
@@ -268,8 +270,9 @@ class WarmupController:
         choice = getattr(plan, "choice", None)
         log.info("planned the %d requests left in %.1f s (%s)%s", len(rest), self.worker.seconds,
                  "the engine waited" if self.worker.waits else
-                 f"{len(self._taken)} of them ran meanwhile, " + (f"in {self.quick}'s order" if self._quick_landed
-                                                                   else "as fillers"),
+                 f"{len(self._taken)} of them ran meanwhile, " + (
+                     f"in {self.quick}'s order" if self._quick_list == "landed" else
+                     "in the earlier plan's order" if self.replans else "as fillers"),
                  f"; chose {choice.name}" if choice is not None else "")
 
     def _maybe_replan(self) -> None:
