@@ -13,9 +13,9 @@ is a draw, not a rank. ``--out`` adds the runs to
 bench/results/seeds-<setup>-<size>.json.
 
 A trial changes one of the warm-up's knobs: ``--filler-piece N``, the
-fillers in pieces of N requests (``warmup.FILLER_PIECE``); ``--replans N``
-(with ``--replan-move X``), up to N re-plans of the rest when its estimated
-output moves by X (``warmup.MAX_REPLANS``, ``REPLAN_MOVE``). A trial runs
+fillers in pieces of N requests (``warmup.FILLER_PIECE``); ``--replan-at X
+[X ...]``, the shares of the shard started at which the rest is planned
+again (``warmup.REPLAN_AT``; none: planned once). A trial runs
 blendserve only, sets it beside the baselines stored for the same seeds (no
 warm-up runs under them), and writes nothing.
 """
@@ -64,18 +64,15 @@ def stored_baselines(path: Path, mix: str, seed: int) -> dict[str, dict]:
     return {b: run[b] for b in SEED_BASELINES}
 
 
-def start_trial(filler_piece: int | None = None, replans: int | None = None, replan_move: float | None = None,
-                ) -> bool:
+def start_trial(filler_piece: int | None = None, replan_at: list[float] | None = None) -> bool:
     """Set the warm-up knobs a trial asks for; whether any was asked for (then only blendserve runs)."""
     if filler_piece:
         warmup_module.FILLER_PIECE = filler_piece
-    if replans:
-        warmup_module.MAX_REPLANS = replans
-    if replan_move is not None:
-        if not replans:
-            raise SystemExit("--replan-move needs --replans")
-        warmup_module.REPLAN_MOVE = replan_move
-    return bool(filler_piece or replans)
+    if replan_at is not None:
+        if any(not 0 < share < 1 for share in replan_at):
+            raise SystemExit(f"--replan-at takes shares between 0 and 1, got {replan_at}")
+        warmup_module.REPLAN_AT = tuple(sorted(replan_at))
+    return bool(filler_piece) or replan_at is not None
 
 
 def print_mix(mix: str, seeds: dict[str, dict[str, dict]]) -> None:
@@ -99,14 +96,14 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", action="store_true", help="add the runs to bench/results/seeds-<setup>-<size>.json")
     ap.add_argument("--filler-piece", type=int, help="trial: fillers in pieces of N, beside the stored baselines")
-    ap.add_argument("--replans", type=int, help="trial: up to N re-plans of the rest, beside the stored baselines")
-    ap.add_argument("--replan-move", type=float, help="with --replans: the estimates' move that re-plans")
+    ap.add_argument("--replan-at", nargs="*", type=float,
+                    help="trial: shares of the shard started at which the rest is planned again (none: once)")
     args = ap.parse_args()
     setup = SETUPS[args.setup]
     path = RESULTS / f"seeds-{setup.key}{size_suffix(args.requests)}.json"
-    trial = start_trial(args.filler_piece, args.replans, args.replan_move)
+    trial = start_trial(args.filler_piece, args.replan_at)
     if trial and args.out:
-        ap.error("a trial (--filler-piece, --replans) writes nothing")
+        ap.error("a trial (--filler-piece, --replan-at) writes nothing")
     for mix in args.mixes:
         batch, _ = load_mix(mix, args.requests, setup)
         seeds = {}

@@ -87,12 +87,13 @@ def test_a_replan_trial_sets_the_warmups_knobs_and_a_bare_run_leaves_them(monkey
     import bench_seeds
     from blendserve.scheduling import warmup
 
-    for name in ("FILLER_PIECE", "MAX_REPLANS", "REPLAN_MOVE"):
+    for name in ("FILLER_PIECE", "REPLAN_AT"):
         monkeypatch.setattr(warmup, name, getattr(warmup, name))  # restored after the test
-    before = (warmup.FILLER_PIECE, warmup.MAX_REPLANS, warmup.REPLAN_MOVE)
+    before = (warmup.FILLER_PIECE, warmup.REPLAN_AT)
     assert bench_seeds.start_trial() is False
-    assert (warmup.FILLER_PIECE, warmup.MAX_REPLANS, warmup.REPLAN_MOVE) == before
-    with pytest.raises(SystemExit, match="--replan-move needs --replans"):
-        bench_seeds.start_trial(replan_move=0.1)
-    assert bench_seeds.start_trial(replans=2, replan_move=0.1) is True
-    assert (warmup.MAX_REPLANS, warmup.REPLAN_MOVE, warmup.FILLER_PIECE) == (2, 0.1, before[0])
+    assert (warmup.FILLER_PIECE, warmup.REPLAN_AT) == before
+    with pytest.raises(SystemExit, match="between 0 and 1"):
+        bench_seeds.start_trial(replan_at=[1.5])
+    assert bench_seeds.start_trial(replan_at=[0.6, 0.3]) is True
+    assert (warmup.REPLAN_AT, warmup.FILLER_PIECE) == ((0.3, 0.6), before[0])
+    assert bench_seeds.start_trial(replan_at=[]) is True and warmup.REPLAN_AT == ()  # planned once

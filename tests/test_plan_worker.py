@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import blendserve.scheduling.plan_worker as plan_worker
+import blendserve.scheduling.warmup as warmup
 from blendserve.costmodel import CostModel, get_hardware, get_model
 from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.sampling import select_samples
@@ -42,14 +43,15 @@ def _simulated_run(worker, kv: int = 200_000, quick: bool = True):  # type: igno
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_the_run_goes_on_while_the_simulated_plan_is_made_and_nothing_runs_twice(quick, monkeypatch) -> None:
+    monkeypatch.setattr(warmup, "REPLAN_AT", ())  # one plan: what ran while it was made is what is left to see
     _, inline, _, _ = _simulated_run(InlinePlan())
     monkeypatch.setattr(plan_worker, "PLAN_S_PER_SIM_STEP", 2e-4)  # a slow host: the plan takes a while
     batch, controller, admitted, _ = _simulated_run(SimulatedPlan(), quick=quick)
     assert sorted(admitted) == list(range(len(batch)))  # every request once: none twice, none lost
-    assert inline.admitted_while_planning == 0 and not inline._quick_landed  # inline, the engine waited
+    assert inline.admitted_while_planning == 0 and inline._quick_list == "none"  # inline, the engine waited
     assert controller.worker.latency_s > 1 and controller.admitted_while_planning > 0
     assert controller._making is None and not controller._taken  # the plan landed and skipped all it had to
-    assert controller._quick_landed is quick
+    assert controller._quick_list == ("landed" if quick else "none")
     if quick:  # the quick list took over at once: hardly a filler
         assert controller.unplanned <= inline.unplanned + 8
     else:  # the fillers went on
@@ -60,7 +62,7 @@ def test_a_plan_slower_than_the_job_leaves_the_rest_to_its_quick_list_or_the_fil
     monkeypatch.setattr(plan_worker, "PLAN_S_PER_SIM_STEP", 10.0)
     batch, controller, admitted, _ = _simulated_run(SimulatedPlan())
     assert sorted(admitted) == list(range(len(batch)))
-    assert controller._quick_landed and controller._making is not None and controller.plan_seconds == 0
+    assert controller._quick_list == "landed" and controller._making is not None and controller.plan_seconds == 0
     batch, controller, admitted, _ = _simulated_run(SimulatedPlan(), quick=False)
     assert sorted(admitted) == list(range(len(batch)))
     assert controller.inner is None and controller.unplanned == len(controller.fillers)
@@ -142,7 +144,7 @@ def test_the_quick_plan_runs_while_the_plan_is_made_and_the_plan_takes_over_past
     controller._quick_worker.join(timeout=30)
     meanwhile = [controller.next_request(STATE) for _ in range(4)]
     assert meanwhile == [39, 38, 37, 36] or first == 39  # the quick list: 3..39 from the back
-    assert controller._quick_landed and controller._making is not None
+    assert controller._quick_list == "landed" and controller._making is not None
     planner.release.set()
     controller.worker.join(timeout=30)
     rest = [controller.next_request(STATE) for _ in range(controller.remaining())]

@@ -231,6 +231,7 @@ def test_report_errors_overall_and_per_subtree() -> None:
 
 
 def test_inline_warmup_admits_samples_first_and_every_request_once(caplog) -> None:
+    from blendserve.scheduling import warmup
     from blendserve.scheduling.warmup import warmup_controller
     from blendserve.sim import SimConfig, simulate
 
@@ -245,7 +246,9 @@ def test_inline_warmup_admits_samples_first_and_every_request_once(caplog) -> No
     # the plan's time is kept and told (it is made beside the engine: plan_worker)
     assert controller.plan_seconds > 0
     told = [r.getMessage() for r in caplog.records if "planned the" in r.getMessage()]
-    assert len(told) == 1 and f"chose {controller.inner.choice.name}" in told[0], told
+    assert len(told) == 1 + len(warmup.REPLAN_AT) == 1 + controller.replans, told  # the plan, then any re-plans
+    assert "in blendserve[spread]'s order" in told[0], told
+    assert f"chose {controller.inner.choice.name}" in told[-1], told
     assert admitted[: len(sampled)] == sampled.tolist()
     assert controller.inner is not None and 0 < controller.unplanned < len(batch) - len(sampled)
     assert controller.sample_lengths() == {int(i): int(batch.sim_output_tokens[i]) for i in sampled}
@@ -403,23 +406,24 @@ def test_the_plan_does_not_wait_for_the_longest_sampled_answer() -> None:
     assert controller.estimates is not None and np.median(controller.estimates.mean[rare]) > 1_000
 
 
-def test_online_replans_keep_every_request_once_and_stay_lists(monkeypatch) -> None:
+# A list policy, so the first plan can be re-planned (a run-time controller's is not: is_list); and blendserve,
+# whose first plan runs a quick list while it is made, which must not land again on a re-plan's rest.
+@pytest.mark.parametrize("policy", ["blendserve[spread]", "blendserve"])
+def test_online_replans_keep_every_request_once_and_stay_lists(policy, monkeypatch) -> None:
     import blendserve.scheduling.warmup as warmup
     from blendserve.sim import SimConfig, simulate
 
-    monkeypatch.setattr(warmup, "MAX_REPLANS", 3)
-    monkeypatch.setattr(warmup, "REPLAN_MOVE", 0.01)
+    monkeypatch.setattr(warmup, "REPLAN_AT", (0.3, 0.5, 0.7))
     batch, truth, _ = _rare_long_family(n=1500, family=12)
     tree = build_prefix_tree(batch, COST)
     sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
-    # A list policy, so the first plan can be re-planned (a run-time controller's is not: is_list).
-    controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=100_000,
-                                          policy="blendserve[spread]")
-    controller.check_every = 32
+    controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=100_000, policy=policy)
     admitted = record_admissions(controller)
     simulate(batch, truth, COST, controller, SimConfig(kv_capacity_tokens=100_000))
     assert sorted(admitted) == list(range(len(batch)))
-    assert controller.replans > 0 and warmup.is_list(controller.inner)  # a re-plan never books blind
+    assert controller.replans == 3 and warmup.is_list(controller.inner)  # a re-plan never books blind
+    assert controller._quick_list == "none"  # a re-plan runs the earlier plan meanwhile, not a quick list
+    assert controller.cohort > len(sampled)  # the last one learnt from more than the sample
 
 
 @pytest.mark.parametrize("cap", [None, 0.25])

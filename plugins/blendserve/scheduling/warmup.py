@@ -13,15 +13,15 @@ count at their expected length given how far they got
 (``strata.censored_length``), and the planner orders the requests not yet
 admitted. The plan is made beside the engine (``plan_worker``); meanwhile the
 rest runs in a quick plan's order (``QUICK``: one of the plan's candidates, no
-simulation), or as fillers, and the plan then skips what ran. Online
-re-estimation is there but off (``MAX_REPLANS = 0``):
-every ``check_every`` finishes the estimates would be made again from the
-sample and the stream's surprises, and when the rest's estimated output moved
-by ``REPLAN_MOVE`` or more the rest would be planned again, as a list. On the
-paper mixes with hidden lengths that was slower than planning once, at four
-times the planning CPU (issue 20's note has the figures), so it waits for a
-trigger that helps. Each request is admitted exactly once, so nothing runs
-twice.
+simulation), or as fillers, and the plan then skips what ran. Re-plans are
+there but off (``REPLAN_AT = ()``): once each share of ``REPLAN_AT`` of the
+shard has started, the rest would be planned again the same way, the old plan
+running meanwhile, on the sample and the cohort (``_cohort``): every request
+admitted before the first one still running short of ``LONG_AFTER`` tokens,
+at its length, or at its expected length if it is still running. The sample
+is a few hundred requests; by then the cohort is thousands, and cut there it
+holds the long answers of what it admitted as well as the short ones. Each
+request is admitted exactly once, so nothing runs twice.
 """
 
 from __future__ import annotations
@@ -55,9 +55,12 @@ LONG_ENOUGH = 4096
 # second a step) 256 tokens of one sample took 177 s, and 65% of the job ran unplanned. On the simulated
 # benches the share before the plan was 4-16%.
 MAX_BEFORE_PLAN = 0.25
-REPLAN_MOVE = 0.25  # relative change of the rest's estimated output that plans the rest again
-# Re-plans per run at most; each one is a planner call (its cost is the policy's). 0: measured slower so far.
-MAX_REPLANS = 0
+# Shares of the shard's requests started at which the rest is planned again, on the sample and the cohort; each
+# is one more plan made beside the engine (the old plan runs meanwhile, and the simulator charges its time). Off:
+# one re-plan at half the shard ran the 8B 20k mixes 1% faster on average, but 40k rare-1 0.3% slower on each of
+# three seeds, behind `balance` (docs/PLANNER_NOTES.md, 2026-12-06 (nineteenth)); ``bench_seeds.py --replan-at``
+# tries it. The trigger it replaces, a move of the rest's estimated output, was slower still (the tenth section).
+REPLAN_AT: tuple[float, ...] = ()
 
 
 # Requests of one prefix unit admitted together as fillers; None: the whole unit. A unit can hold a burst
@@ -124,7 +127,7 @@ class WarmupController:
     """Implements ``blendserve.scheduling.admission.AdmissionController`` over the whole batch."""
 
     def __init__(self, sampled: np.ndarray, fillers: np.ndarray, planner: RestPlanner, caps: np.ndarray,
-                 check_every: int | None = None, worker: PlanWorker | None = None, quick: str | None = None) -> None:
+                 worker: PlanWorker | None = None, quick: str | None = None) -> None:
         self.sampled = np.asarray(sampled, dtype=np.int64)
         self.fillers = np.asarray(fillers, dtype=np.int64)  # the other requests, in admission order (filler_order)
         self.planner = planner
@@ -133,9 +136,10 @@ class WarmupController:
         # the policy that runs while the plan is made (``QUICK``), by a worker of the same kind; None: fillers
         self.quick = None if self.worker.waits else quick
         self._quick_worker: PlanWorker = type(self.worker)()
-        self._quick_landed = False  # whether the plan being made runs its quick list meanwhile
+        self._quick_list = "none"  # the quick list of the plan being made: "none", "making" or "landed"
         self.observed: dict[int, int] = {}  # request index -> output tokens, every finished request
         self.running: dict[int, int] = {}  # admitted, unfinished request -> output tokens reported so far
+        self._order: list[int] = []  # request indices in the order they were admitted
         self._is_sample = set(self.sampled.tolist())
         self._pending = set(self._is_sample)  # sampled requests not finished yet
         self._longest_sample = 0  # output tokens of the longest sampled request that finished
@@ -148,10 +152,8 @@ class WarmupController:
         self._making: tuple[np.ndarray, Estimates] | None = None  # the rest and estimates of a plan being made
         self._now_s = 0.0  # the engine's clock at the last admission (``EngineState.clock_s``)
         self.estimates: Estimates | None = None  # what the current plan was made on
-        n = len(self.sampled) + len(self.fillers)
-        self.check_every = check_every or max(64, n // 100)  # finishes between two looks at the estimates
-        self._since_check = 0
         self.replans = 0  # plans made after the first
+        self.cohort = 0  # requests of the cohort the last re-plan learnt from (``_cohort``)
         self.plan_seconds = 0.0  # host wall seconds of every plan made (the engine waits only with InlinePlan)
         self.admitted_while_planning = 0  # requests admitted while a plan was being made
 
@@ -185,6 +187,7 @@ class WarmupController:
 
     def _admitted(self, index: int) -> int:
         self.running[index] = 0
+        self._order.append(index)
         if self._making is not None:
             self.admitted_while_planning += 1
         return index
@@ -206,12 +209,12 @@ class WarmupController:
     def _evidence(self) -> dict[int, float]:
         """What the estimates are made from: the sample's lengths, finished or, for samples past
         ``LONG_AFTER`` tokens (any sample, once ``MAX_BEFORE_PLAN`` is spent), expected given their
-        progress; and any request running ``LONG_FACTOR`` times past its estimate and past ``LONG_AFTER``,
-        at its expected length.
+        progress; any request running ``LONG_FACTOR`` times past its estimate and past ``LONG_AFTER``,
+        at its expected length; and for a re-plan, the cohort (``_cohort``).
 
         Other finished requests are left out: early finishers are the short ones, so they would pull a
         stratum's mean down while its long requests still run. The sample is drawn before anything runs
-        and stays an unbiased draw; the stream adds only the surprises.
+        and stays an unbiased draw; the stream adds the surprises, and the cohort what it admitted early.
         """
         evidence: dict[int, float] = {i: float(n) for i, n in self.sample_lengths().items()}
         spent = self.estimates is None and self._warmup_spent()  # the first plan, made without waiting
@@ -219,7 +222,29 @@ class WarmupController:
             believed = 0 if self.estimates is None or index in self._is_sample else self.estimates.mean[index]
             if done >= max(LONG_FACTOR * believed, LONG_AFTER) or (spent and index in self._pending):
                 evidence[index] = float(censored_length(done, self.caps[index]))
+        if self.estimates is not None:
+            evidence.update(self._cohort())
         return evidence
+
+    def _cohort(self) -> dict[int, float]:
+        """Every request but the samples admitted before the first one still running short of ``LONG_AFTER``
+        tokens: finished, at its length; still running, at its expected length given its progress.
+
+        Cut there, each request of the cohort has finished or run long enough for its censored length to
+        mean something, so its long answers count as much as its short ones, which finished first.
+        """
+        cohort: dict[int, float] = {}
+        for index in self._order:
+            if index in self._is_sample:
+                continue
+            if index in self.observed:
+                cohort[index] = float(self.observed[index])
+            elif (done := self.running.get(index, 0)) >= LONG_AFTER:
+                cohort[index] = float(censored_length(done, self.caps[index]))
+            else:
+                break
+        self.cohort = len(cohort)
+        return cohort
 
     def _unadmitted(self) -> np.ndarray:
         """Request indices the controller has not handed to the engine yet (fillers left, or the plan's rest)."""
@@ -235,8 +260,10 @@ class WarmupController:
         # lands: a run-time controller would book only its own admissions and overfill the KV, and its
         # simulation, from an empty engine, would not show it. So lists only, then.
         lists_only = bool(self.running) or not self.worker.waits
-        self._making, self._quick_landed = (rest, estimates), False
-        if self.quick is not None and self.inner is None and len(rest):  # a re-plan keeps the old plan meanwhile
+        # A re-plan keeps the old plan meanwhile: the quick worker still holds the first plan's list, not this rest's.
+        quick = self.quick is not None and self.inner is None and len(rest) > 0
+        self._making, self._quick_list = (rest, estimates), "making" if quick else "none"
+        if quick:
             self._quick_worker.start(lambda: self.planner.plan(rest, estimates, True, self.quick), self._now_s,
                                      len(rest))
         self.worker.start(lambda: self.planner.plan(rest, estimates, lists_only) if len(rest) else StaticOrder([]),
@@ -250,11 +277,11 @@ class WarmupController:
             self._land(plan)
             self._making = None
             self._log_plan(plan)
-        elif self.quick is not None and not self._quick_landed:
+        elif self._quick_list == "making":
             quick = self._quick_worker.ready(self._now_s)
             if quick is not None:
                 self._land(quick)
-                self._quick_landed = True
+                self._quick_list = "landed"
 
     def _land(self, plan: AdmissionController) -> None:
         """Run ``plan`` from now on, past the requests of its rest admitted while it was made."""
@@ -268,28 +295,26 @@ class WarmupController:
         choice = getattr(plan, "choice", None)
         log.info("planned the %d requests left in %.1f s (%s)%s", len(rest), self.worker.seconds,
                  "the engine waited" if self.worker.waits else
-                 f"{len(self._taken)} of them ran meanwhile, " + (f"in {self.quick}'s order" if self._quick_landed
-                                                                   else "as fillers"),
+                 f"{len(self._taken)} of them ran meanwhile, " + (
+                     f"in {self.quick}'s order" if self._quick_list == "landed" else
+                     "in the earlier plan's order" if self.replans else "as fillers"),
                  f"; chose {choice.name}" if choice is not None else "")
 
     def _maybe_replan(self) -> None:
-        """Look at the estimates again every ``check_every`` finishes; plan the rest again if they moved."""
-        self._since_check += 1
-        if self.inner is None or self._making is not None or self.replans >= MAX_REPLANS:
+        """Plan the rest again, on the cohort too, once the next share of ``REPLAN_AT`` has started."""
+        if self.inner is None or self._making is not None or self.replans >= len(REPLAN_AT):
             return
-        if self._since_check < self.check_every:
+        if len(self._order) < REPLAN_AT[self.replans] * (len(self.sampled) + len(self.fillers)):
             return
         if not is_list(self.inner):
             return  # a run-time controller books what it admitted: a fresh one would not see it in flight
-        self._since_check = 0
         rest = self._unadmitted()
         if len(rest) == 0:
             return
-        fresh = self._estimate()
-        before = float(np.sum(self.estimates.mean[rest]))
-        if abs(float(np.sum(fresh.mean[rest])) - before) >= REPLAN_MOVE * max(before, 1.0):
-            self.replans += 1
-            self._start_plan(fresh)  # a list: the old plan's work is in flight
+        self.replans += 1
+        estimates = self._estimate()
+        log.info("planning the %d requests left again, on %d requests of the cohort", len(rest), self.cohort)
+        self._start_plan(estimates)  # a list: the old plan's work is in flight
 
     def on_progress(self, index: int, output_tokens: int) -> None:
         if index in self.running:
