@@ -16,6 +16,7 @@ from blendserve.pipeline import parts, shard, steps
 from blendserve.pipeline.steps import InjectedFault, infer_shard, ingest_step, load_step, plan_step
 from blendserve.scheduling import plan_worker
 from blendserve.scheduling.choice import ChosenAdmission
+from conftest import record_admissions
 
 
 def shard_runs(config, shard: int) -> list[str]:  # type: ignore[no-untyped-def]
@@ -23,24 +24,14 @@ def shard_runs(config, shard: int) -> list[str]:  # type: ignore[no-untyped-def]
     return plan.filter(pc.equal(pc.field("request_id"), pc.field("answered_by"))).column("request_id").to_pylist()
 
 
-def record_admissions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[shard.ShardWork, list[int]]]:
+def record_shard_admissions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[shard.ShardWork, list[int]]]:
     """Every ShardWork the pipeline makes, with the engine indices its controller admitted, in order."""
     made: list[tuple[shard.ShardWork, list[int]]] = []
     original = steps.plan_shard
 
     def wrapped(*args, **kwargs) -> shard.ShardWork:  # type: ignore[no-untyped-def]
         plan = original(*args, **kwargs)
-        admitted: list[int] = []
-        inner = plan.controller.next_request
-
-        def record(state):  # type: ignore[no-untyped-def]
-            picked = inner(state)
-            if picked is not None:
-                admitted.append(picked)
-            return picked
-
-        plan.controller.next_request = record  # type: ignore[method-assign]
-        made.append((plan, admitted))
+        made.append((plan, record_admissions(plan.controller)))
         return plan
 
     monkeypatch.setattr(steps, "plan_shard", wrapped)
@@ -55,7 +46,7 @@ def test_each_shard_admits_its_sample_first_then_replans_the_rest(make_config, m
         monkeypatch.setattr(plan_worker, cost, 0.0)
     ingest_step(config)
     plan_step(config)
-    made = record_admissions(monkeypatch)
+    made = record_shard_admissions(monkeypatch)
     for shard in (0, 1):
         infer_shard(config, shard)
     assert len(made) == 2
