@@ -37,7 +37,8 @@ from blendserve.scheduling import choice
 from blendserve.scheduling.registry import PolicyContext
 from blendserve.sampling import Estimates
 from blendserve.scheduling.admission import AdmissionController
-from blendserve.scheduling.warmup import BatchPlanner, WarmupController, warmup_controller
+from blendserve.scheduling.rest_planner import BatchPlanner
+from blendserve.scheduling.warmup import WarmupController, warmup_controller
 from blendserve.sim.compare import true_outputs
 from blendserve.sim.engine_core import EngineCore
 from blendserve.sim.simulator import SimConfig, kv_capacity_tokens

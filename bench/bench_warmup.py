@@ -46,7 +46,8 @@ from blendserve.sampling.estimator import Estimates
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.scheduling.plan_worker import ThreadPlan
 from blendserve.scheduling.registry import make_controller
-from blendserve.scheduling.warmup import BatchPlanner, rest_context, warmup_controller
+from blendserve.scheduling.rest_planner import BatchPlanner, rest_context
+from blendserve.scheduling.warmup import warmup_controller
 from blendserve.workload_sources import data_root
 from common import provenance
 

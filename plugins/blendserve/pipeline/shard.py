@@ -25,7 +25,8 @@ from blendserve.sampling import Estimates, estimate_table, estimates_from, shard
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
 from blendserve.scheduling.plan_worker import PlanWorker, SimulatedPlan, ThreadPlan
-from blendserve.scheduling.warmup import QUICK, WarmupController, filler_order, rest_context
+from blendserve.scheduling.rest_planner import rest_context
+from blendserve.scheduling.warmup import QUICK, WarmupController, filler_order
 
 
 def learns_lengths(config: RunConfig) -> bool:

@@ -9,6 +9,7 @@
 - ``choice``: ``blendserve`` itself: candidates simulated on the estimates, the fastest kept.
 - ``warmup``: samples first, fillers beside them, then the policy on the learnt lengths.
 - ``plan_worker``: where that plan is made while the engine runs on (a thread; the simulator's clock).
+- ``rest_planner``: what plans the rest: the estimates learnt so far and the policy's view of the requests left.
 - ``registry``: name -> policy, read by the DAG form, the CLI, the config and the benches.
 
 The tree side (prefix tree, sort and split, groups, shards, scan items) is ``blendserve.planner``.

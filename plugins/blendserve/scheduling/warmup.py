@@ -27,19 +27,18 @@ request is admitted exactly once, so nothing runs twice.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 import numpy as np
 
 from blendserve.batch import RequestBatch
 from blendserve.costmodel import CostModel
 from blendserve.planner.prefix_tree import PrefixTree
-from blendserve.sampling.estimator import Estimates, draw_outputs, estimates_from
+from blendserve.sampling.estimator import Estimates
 from blendserve.sampling.strata import censored_length
 from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
 from blendserve.scheduling.blend import prefix_units
 from blendserve.scheduling.plan_worker import PlanWorker, SimulatedPlan, ThreadPlan
-from blendserve.scheduling.registry import PolicyContext, make_controller
+from blendserve.scheduling.rest_planner import BatchPlanner, RestPlanner
 
 log = logging.getLogger(__name__)
 
@@ -74,30 +73,6 @@ FILLER_PIECE: int | None = None
 # random fillers run meanwhile, and a prefix unit of long answers can start as one burst (``filler_order``).
 QUICK = {"blendserve": "blendserve[spread]"}
 
-# Draws of the unknown lengths (``estimator.draw_outputs``) a plan is tried under besides the estimates'
-# means: ``PolicyContext.output_draws``.
-DRAWS = 3
-
-
-class RestPlanner(Protocol):
-    def estimate(self, observed: dict[int, float], running: dict[int, int]) -> Estimates:
-        """Estimates for every request, from the lengths observed so far (index -> tokens; expected ones for
-        requests still running, whose tokens so far are in ``running``)."""
-        ...
-
-    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
-             ) -> AdmissionController:
-        """The policy (``policy``, else the planner's own) over ``rest`` (request indices) on ``estimates``; its
-        indices are positions in ``rest``. ``lists_only``: it must admit a fixed list (``PolicyContext.lists_only``)."""
-        ...
-
-
-def rest_context(batch: RequestBatch, estimates: Estimates, cost_model: CostModel, kv_capacity_tokens: int,
-                 seed: int = 0, lists_only: bool = False) -> PolicyContext:
-    """The policy's view of the requests left to plan (``estimates`` row by row with ``batch``): the means, and
-    ``DRAWS`` resamples of the lengths they leave uncertain."""
-    return PolicyContext(batch, estimates.mean, cost_model, kv_capacity_tokens, seed, lists_only,
-                         output_draws=tuple(draw_outputs(estimates, DRAWS, seed)))
 
 
 def filler_order(tree: PrefixTree, request_of: np.ndarray, others: np.ndarray, seed: int = 0,
@@ -353,27 +328,6 @@ def is_list(controller: AdmissionController) -> bool:
     for another list mid-run loses no booking."""
     inner = getattr(controller, "controller", controller)  # a ChosenAdmission delegates to its pick
     return isinstance(inner, StaticOrder)
-
-
-class BatchPlanner:
-    """``RestPlanner`` over a whole batch: estimates from its prefix tree, ``policy`` over the rest."""
-
-    def __init__(self, batch: RequestBatch, tree: PrefixTree, cost_model: CostModel, kv_capacity_tokens: int,
-                 policy: str, seed: int = 0) -> None:
-        self.batch, self.tree, self.cost_model = batch, tree, cost_model
-        self.kv_capacity_tokens, self.policy, self.seed = kv_capacity_tokens, policy, seed
-
-    def estimate(self, observed: dict[int, float], running: dict[int, int]) -> Estimates:
-        return estimates_from(self.batch, self.tree, observed, running)
-
-    def context(self, rest: np.ndarray, estimates: Estimates, lists_only: bool) -> PolicyContext:
-        """What ``policy`` plans ``rest`` on (``rest_context``)."""
-        return rest_context(self.batch.take(rest), estimates.take(rest), self.cost_model, self.kv_capacity_tokens,
-                            self.seed, lists_only)
-
-    def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
-             ) -> AdmissionController:
-        return make_controller(policy or self.policy, self.context(rest, estimates, lists_only))
 
 
 def warmup_controller(
