@@ -97,3 +97,37 @@ def test_a_replan_trial_sets_the_warmups_knobs_and_a_bare_run_leaves_them(monkey
     assert bench_seeds.start_trial(replan_at=[0.6, 0.3]) is True
     assert (warmup.REPLAN_AT, warmup.FILLER_PIECE) == ((0.3, 0.6), before[0])
     assert bench_seeds.start_trial(replan_at=[]) is True and warmup.REPLAN_AT == ()  # planned once
+
+
+def test_a_world_shuffles_only_the_long_answers_lengths_among_the_long_requests(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import numpy as np
+
+    import bench_seeds
+
+    outputs = np.array([5, 9000, 30, 12000, 7, 20000, 4096, 15000], dtype=np.int64)
+    assert bench_seeds.shuffled_long(outputs, 0) is outputs  # the real world
+    worlds = [bench_seeds.shuffled_long(outputs, w) for w in (1, 2, 3)]
+    long = outputs > 4096
+    for world in worlds:
+        assert np.array_equal(world[~long], outputs[~long])  # short answers (4,096 is not long) stay
+        assert sorted(world[long]) == sorted(outputs[long])  # the long lengths, shuffled among the long requests
+    assert any(not np.array_equal(world, outputs) for world in worlds)
+    assert np.array_equal(bench_seeds.shuffled_long(outputs, 2), worlds[1])  # a world is its seed's
+
+
+def test_the_worlds_summary_is_each_policys_mean_and_the_worlds_blendserve_leads_in(monkeypatch, capsys) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_seeds
+
+    def run(fcfs: float, balance: float, blend: float) -> dict:
+        return {"fcfs": {"time_s": fcfs}, "balance": {"time_s": balance}, "blendserve": {"time_s": blend}}
+
+    bench_seeds.print_worlds("rare-1", 0, {0: run(100.0, 98.0, 99.0), 1: run(100.0, 100.0, 94.0),
+                                           2: run(103.0, 99.0, 96.0)})
+    out = capsys.readouterr().out
+    assert "the real world (0) and 2 with the long answers' lengths shuffled" in out
+    assert "0.990" in out.splitlines()[3]  # world 0: balance 98 / blendserve 99
+    # means 101.0, 99.0, 96.333: over fcfs 1.048, over balance 1.028; ahead of both in worlds 1 and 2
+    assert out.rstrip().endswith("101.0        99.0        96.3     1.048     1.028   blendserve at or ahead of "
+                                 "both in 2 of 3 worlds")
