@@ -45,7 +45,7 @@ from blendserve.sim.simulator import SimConfig
 from blendserve.scheduling import warmup as warmup_module
 from blendserve.scheduling.warmup import LONG_ENOUGH
 from blendserve.workload import MIXES, RARE_MIXES
-from as_shard import planned, shard_warmup, simulate_as_shard
+from as_shard import Warmup, planned, shard_warmup, simulate_as_shard
 from common import RESULTS, SETUPS, hide_lengths, load_mix, provenance, size_suffix
 from tables import SEED_BASELINES, seed_ratios, seed_speedups
 
@@ -53,12 +53,16 @@ POLICIES = (*SEED_BASELINES, "blendserve")
 
 
 def run_seed(batch: RequestBatch, cost: CostModel, config: SimConfig, seed: int,
-             policies: tuple[str, ...] = POLICIES, outputs: np.ndarray | None = None) -> dict[str, dict]:
-    """Each of ``policies`` as a shard of ``batch`` (lengths hidden) with ``seed``: seconds and pick. The
-    engine generates ``outputs`` (default: the batch's true lengths)."""
+             policies: tuple[str, ...] = POLICIES) -> dict[str, dict]:
+    """Each of ``policies`` as a shard of ``batch`` (lengths hidden) with ``seed``: seconds and pick."""
     hidden, _ = hide_lengths(batch)
-    outputs = true_outputs(hidden) if outputs is None else outputs
-    warmup = shard_warmup(hidden, cost, seed)
+    return run_policies(hidden, true_outputs(hidden), shard_warmup(hidden, cost, seed), cost, config, seed, policies)
+
+
+def run_policies(hidden: RequestBatch, outputs: np.ndarray, warmup: Warmup, cost: CostModel, config: SimConfig,
+                 seed: int, policies: tuple[str, ...] = POLICIES) -> dict[str, dict]:
+    """Each of ``policies`` as a shard of ``hidden`` with ``warmup`` and ``seed``, the engine generating
+    ``outputs``: seconds and pick."""
     runs = {}
     for policy in policies:
         result, controller = simulate_as_shard(hidden, outputs, cost, config, policy, warmup, seed)
@@ -79,9 +83,11 @@ def shuffled_long(outputs: np.ndarray, world: int, long_at: int = LONG_ENOUGH) -
 
 
 def run_worlds(batch: RequestBatch, cost: CostModel, seed: int, worlds: int) -> dict[int, dict[str, dict]]:
-    """``run_seed`` in the real world and ``worlds`` others (``shuffled_long``), by world."""
-    outputs = true_outputs(hide_lengths(batch)[0])
-    return {world: run_seed(batch, cost, SimConfig(), seed, outputs=shuffled_long(outputs, world))
+    """``run_seed`` in the real world and ``worlds`` others (``shuffled_long``), by world. The warm-up sample is
+    drawn from the prompts alone, so every world shares it."""
+    hidden, _ = hide_lengths(batch)
+    outputs, warmup = true_outputs(hidden), shard_warmup(hidden, cost, seed)
+    return {world: run_policies(hidden, shuffled_long(outputs, world), warmup, cost, SimConfig(), seed)
             for world in range(worlds + 1)}
 
 

@@ -131,3 +131,12 @@ def test_the_worlds_summary_is_each_policys_mean_and_the_worlds_blendserve_leads
     # means 101.0, 99.0, 96.333: over fcfs 1.048, over balance 1.028; ahead of both in worlds 1 and 2
     assert out.rstrip().endswith("101.0        99.0        96.3     1.048     1.028   blendserve at or ahead of "
                                  "both in 2 of 3 worlds")
+
+
+def test_the_real_world_is_the_seeds_own_run(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_seeds
+    from synthetic import synthetic_batch
+
+    batch = synthetic_batch(600, mean_prompt=120, family_size=40, memory_heavy_fraction=0.3, seed=3)
+    assert bench_seeds.run_worlds(batch, COST, 1, 0) == {0: bench_seeds.run_seed(batch, COST, SimConfig(), 1)}

@@ -74,7 +74,6 @@ FILLER_PIECE: int | None = None
 QUICK = {"blendserve": "blendserve[spread]"}
 
 
-
 def filler_order(tree: PrefixTree, request_of: np.ndarray, others: np.ndarray, seed: int = 0,
                  piece: int | None = None) -> np.ndarray:
     """``others`` (controller indices; ``request_of`` maps them to the tree's requests) in the order fillers are
