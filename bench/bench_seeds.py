@@ -27,6 +27,14 @@ the real one when the long answers' lengths do not follow their prompts
 (on rare-1 at 20k, the Spearman correlation of prompt and output length
 among the 200 over 4,096 tokens is -0.03). Printed per world, then each
 policy's mean over the worlds; writes nothing.
+
+``--orders K`` asks how lucky the file's order is: beside each seed's run,
+K more random orders (``balance`` at seeds ``ORDER_SEEDS`` and up) run on
+the same job, and each policy is placed among them (how many it is faster
+than, its speed-up over their median). The mixes' files are a random
+permutation of their sources, so ``fcfs`` is one draw of the same kind; a
+miss against it by less than the orders' spread is the draw's luck, and
+one against their median is the planner's. Writes nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ from common import RESULTS, SETUPS, hide_lengths, load_mix, provenance, size_suf
 from tables import SEED_BASELINES, seed_ratios, seed_speedups
 
 POLICIES = (*SEED_BASELINES, "blendserve")
+# Seed of the first of ``--orders``' random orders: clear of the shard seeds the tables run (0-2).
+ORDER_SEEDS = 1000
 
 
 def run_seed(batch: RequestBatch, cost: CostModel, config: SimConfig, seed: int,
@@ -105,6 +115,29 @@ def print_worlds(mix: str, seed: int, runs: dict[int, dict[str, dict]]) -> None:
           + f"   blendserve at or ahead of both in {ahead} of {len(runs)} worlds")
 
 
+def run_orders(batch: RequestBatch, cost: CostModel, seed: int, orders: int) -> tuple[dict[str, dict], list[float]]:
+    """``run_seed``'s runs, and the seconds of ``orders`` random orders of the same job (``balance`` at seeds
+    ``ORDER_SEEDS``, ``ORDER_SEEDS + 1``, ...)."""
+    hidden, _ = hide_lengths(batch)
+    outputs, warmup, config = true_outputs(hidden), shard_warmup(hidden, cost, seed), SimConfig()
+    runs = run_policies(hidden, outputs, warmup, cost, config, seed)
+    times = [simulate_as_shard(hidden, outputs, cost, config, "balance", warmup, ORDER_SEEDS + k)[0].total_time
+             for k in range(orders)]
+    return runs, times
+
+
+def print_orders(mix: str, seed: int, runs: dict[str, dict], orders: list[float]) -> None:
+    median = float(np.median(orders))
+    print(f"\n{mix}, seed {seed}: {len(orders)} more random orders (balance at seeds {ORDER_SEEDS}-"
+          f"{ORDER_SEEDS + len(orders) - 1}): median {median:.1f} s, fastest {min(orders):.1f}, slowest "
+          f"{max(orders):.1f} ({max(orders) / min(orders) - 1:.1%} apart)")
+    print(f"  {'policy':>12s}{'time s':>12s}{'x median':>10s}  faster than")
+    for policy in POLICIES:
+        time_s = runs[policy]["time_s"]
+        faster = sum(time_s < other for other in orders)
+        print(f"  {policy:>12s}{time_s:12.1f}{median / time_s:10.3f}  {faster} of {len(orders)}")
+
+
 def stored_baselines(path: Path, mix: str, seed: int) -> dict[str, dict]:
     """The baselines' runs of ``mix`` at ``seed`` in the results file ``path``: they run bare, no fillers."""
     stored = json.loads(path.read_text())["mixes"] if path.exists() else {}
@@ -151,19 +184,25 @@ def main() -> None:
                     help="trial: shares of the shard started at which the rest is planned again (none: once)")
     ap.add_argument("--worlds", type=int, default=0,
                     help="also run each seed in N worlds with the long answers' lengths shuffled among them")
+    ap.add_argument("--orders", type=int, default=0,
+                    help="also run N more random orders of each seed's job and place every policy among them")
     args = ap.parse_args()
     setup = SETUPS[args.setup]
     path = RESULTS / f"seeds-{setup.key}{size_suffix(args.requests)}.json"
     trial = start_trial(args.filler_piece, args.replan_at)
-    if (trial or args.worlds) and args.out:
-        ap.error("a trial (--filler-piece, --replan-at) or --worlds writes nothing")
-    if trial and args.worlds:
-        ap.error("--worlds runs the warm-up as it is: no trial beside it")
+    if (trial or args.worlds or args.orders) and args.out:
+        ap.error("a trial (--filler-piece, --replan-at), --worlds or --orders writes nothing")
+    if sum(map(bool, (trial, args.worlds, args.orders))) > 1:
+        ap.error("one of a trial, --worlds and --orders at a time")
     for mix in args.mixes:
         batch, _ = load_mix(mix, args.requests, setup)
         if args.worlds:
             for seed in args.seeds:
                 print_worlds(mix, seed, run_worlds(batch, setup.cost(), seed, args.worlds))
+            continue
+        if args.orders:
+            for seed in args.seeds:
+                print_orders(mix, seed, *run_orders(batch, setup.cost(), seed, args.orders))
             continue
         seeds = {}
         for seed in args.seeds:

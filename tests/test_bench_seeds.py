@@ -140,3 +140,35 @@ def test_the_real_world_is_the_seeds_own_run(monkeypatch) -> None:
 
     batch = synthetic_batch(600, mean_prompt=120, family_size=40, memory_heavy_fraction=0.3, seed=3)
     assert bench_seeds.run_worlds(batch, COST, 1, 0) == {0: bench_seeds.run_seed(batch, COST, SimConfig(), 1)}
+
+
+def test_the_orders_are_the_seeds_run_and_balance_at_further_seeds(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_seeds
+    from as_shard import simulate_as_shard
+    from blendserve.sim.compare import true_outputs
+    from common import hide_lengths
+    from synthetic import synthetic_batch
+
+    batch = synthetic_batch(600, mean_prompt=120, family_size=40, memory_heavy_fraction=0.3, seed=3)
+    runs, orders = bench_seeds.run_orders(batch, COST, 1, 3)
+    assert runs == bench_seeds.run_seed(batch, COST, SimConfig(), 1)
+    hidden, _ = hide_lengths(batch)
+    third = simulate_as_shard(hidden, true_outputs(hidden), COST, SimConfig(), "balance", None,
+                              bench_seeds.ORDER_SEEDS + 2)[0].total_time
+    assert len(orders) == 3 and orders[2] == third
+    assert len(set(orders)) == 3  # three permutations, three runs
+
+
+def test_each_policy_is_placed_among_the_random_orders(monkeypatch, capsys) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_seeds
+
+    runs = {"fcfs": {"time_s": 95.0}, "balance": {"time_s": 101.0}, "blendserve": {"time_s": 99.0}}
+    bench_seeds.print_orders("d0.9-s5", 0, runs, [100.0, 98.0, 102.0, 97.0])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == ("d0.9-s5, seed 0: 4 more random orders (balance at seeds 1000-1003): median 99.0 s, "
+                        "fastest 97.0, slowest 102.0 (5.2% apart)")
+    assert lines[2].split() == ["fcfs", "95.0", "1.042", "4", "of", "4"]
+    assert lines[3].split() == ["balance", "101.0", "0.980", "1", "of", "4"]
+    assert lines[4].split() == ["blendserve", "99.0", "1.000", "2", "of", "4"]  # a tie is not faster
