@@ -65,8 +65,14 @@ ORDER_SEEDS = 1000
 def run_seed(batch: RequestBatch, cost: CostModel, config: SimConfig, seed: int,
              policies: tuple[str, ...] = POLICIES) -> dict[str, dict]:
     """Each of ``policies`` as a shard of ``batch`` (lengths hidden) with ``seed``: seconds and pick."""
+    return run_policies(*seed_job(batch, cost, seed), cost, config, seed, policies)
+
+
+def seed_job(batch: RequestBatch, cost: CostModel, seed: int) -> tuple[RequestBatch, np.ndarray, Warmup]:
+    """The job a shard with ``seed`` runs: ``batch`` with its lengths hidden, the true lengths the engine
+    generates, and the shard's warm-up sample (drawn from the prompts alone)."""
     hidden, _ = hide_lengths(batch)
-    return run_policies(hidden, true_outputs(hidden), shard_warmup(hidden, cost, seed), cost, config, seed, policies)
+    return hidden, true_outputs(hidden), shard_warmup(hidden, cost, seed)
 
 
 def run_policies(hidden: RequestBatch, outputs: np.ndarray, warmup: Warmup, cost: CostModel, config: SimConfig,
@@ -95,8 +101,7 @@ def shuffled_long(outputs: np.ndarray, world: int, long_at: int = LONG_ENOUGH) -
 def run_worlds(batch: RequestBatch, cost: CostModel, seed: int, worlds: int) -> dict[int, dict[str, dict]]:
     """``run_seed`` in the real world and ``worlds`` others (``shuffled_long``), by world. The warm-up sample is
     drawn from the prompts alone, so every world shares it."""
-    hidden, _ = hide_lengths(batch)
-    outputs, warmup = true_outputs(hidden), shard_warmup(hidden, cost, seed)
+    hidden, outputs, warmup = seed_job(batch, cost, seed)
     return {world: run_policies(hidden, shuffled_long(outputs, world), warmup, cost, SimConfig(), seed)
             for world in range(worlds + 1)}
 
@@ -118,8 +123,8 @@ def print_worlds(mix: str, seed: int, runs: dict[int, dict[str, dict]]) -> None:
 def run_orders(batch: RequestBatch, cost: CostModel, seed: int, orders: int) -> tuple[dict[str, dict], list[float]]:
     """``run_seed``'s runs, and the seconds of ``orders`` random orders of the same job (``balance`` at seeds
     ``ORDER_SEEDS``, ``ORDER_SEEDS + 1``, ...)."""
-    hidden, _ = hide_lengths(batch)
-    outputs, warmup, config = true_outputs(hidden), shard_warmup(hidden, cost, seed), SimConfig()
+    hidden, outputs, warmup = seed_job(batch, cost, seed)
+    config = SimConfig()
     runs = run_policies(hidden, outputs, warmup, cost, config, seed)
     times = [simulate_as_shard(hidden, outputs, cost, config, "balance", warmup, ORDER_SEEDS + k)[0].total_time
              for k in range(orders)]
