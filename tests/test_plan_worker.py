@@ -101,7 +101,7 @@ class _SlowPlanner:
     def estimate(self, observed, running):  # type: ignore[no-untyped-def]
         return None
 
-    def plan(self, rest, estimates, lists_only, policy=None):  # type: ignore[no-untyped-def]
+    def plan(self, rest, estimates, lists_only, policy=None, keep=None):  # type: ignore[no-untyped-def]
         if policy == "quick":  # at once, the rest from its last request back
             return StaticOrder(np.arange(len(rest))[::-1])
         self.release.wait(timeout=30)

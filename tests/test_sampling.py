@@ -426,6 +426,41 @@ def test_online_replans_keep_every_request_once_and_stay_lists(policy, monkeypat
     assert controller.cohort > len(sampled)  # the last one learnt from more than the sample
 
 
+def test_a_replan_that_keeps_the_running_plan_admits_what_it_would_have(monkeypatch) -> None:
+    """The re-plan's ``keep`` candidate is the running plan over the rest: picked, the run goes on as without it."""
+    import blendserve.scheduling.choice as choice
+    import blendserve.scheduling.warmup as warmup
+    from blendserve.sim import SimConfig, simulate
+
+    batch, truth, _ = _rare_long_family(n=1500, family=12)
+    tree = build_prefix_tree(batch, COST)
+    sampled = select_samples(batch, tree, rate=0.02, min_subtree=50, seed=0)
+    config = SimConfig(kv_capacity_tokens=100_000)
+
+    def run() -> tuple[list[int], warmup.WarmupController]:
+        controller = warmup.warmup_controller(batch, tree, sampled, COST, kv_capacity_tokens=100_000,
+                                              policy="blendserve")
+        admitted = record_admissions(controller)
+        simulate(batch, truth, COST, controller, config)
+        return admitted, controller
+
+    monkeypatch.setattr(warmup, "REPLAN_AT", ())
+    once, _ = run()
+    monkeypatch.setattr(warmup, "REPLAN_AT", (0.3, 0.5, 0.7))
+    seen: list[set[str]] = []
+    real_pick = choice.pick
+
+    def keep_when_offered(times, prefer=()):  # type: ignore[no-untyped-def]
+        seen.append(set(times))
+        return choice.KEEP if choice.KEEP in times else real_pick(times, prefer)
+
+    monkeypatch.setattr(choice, "pick", keep_when_offered)
+    kept, controller = run()
+    offered = [choice.KEEP in names for names in seen]  # each plan picks twice (``choose``'s two rounds)
+    assert controller.replans == 3 and sum(offered) == 2 * 3 and not any(offered[:2])  # on re-plans only
+    assert kept == once
+
+
 @pytest.mark.parametrize("cap", [None, 0.25])
 def test_the_plan_waits_for_at_most_a_quarter_of_the_shard(cap, monkeypatch) -> None:
     """A sampled answer of 250 tokens finishes before LONG_AFTER lets the plan go without it; on a slow
@@ -539,7 +574,7 @@ def test_a_finished_long_sample_does_not_hold_the_plan_until_the_other_long_ones
             self.calls.append(dict(observed))
             return None
 
-        def plan(self, rest, estimates, lists_only):  # type: ignore[no-untyped-def]
+        def plan(self, rest, estimates, lists_only, keep=None):  # type: ignore[no-untyped-def]
             return StaticOrder(np.arange(len(rest)))
 
     planner = Planner()

@@ -12,7 +12,7 @@ from blendserve.planner.items import ScanItems, ordered_leaves, scan_items
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
 from blendserve.scheduling.admission import StaticOrder
 from blendserve.scheduling.blend import HOT_PIECE, cap_units, hot_depth, piece_cost, spread_keys, unit_cuts
-from blendserve.scheduling.choice import Predictor, pick, subsample
+from blendserve.scheduling.choice import Predictor, pick, pick_replan, subsample
 from synthetic import batch_from_prompts, synthetic_batch
 from blendserve.scheduling.registry import PolicyContext, make_controller
 
@@ -223,6 +223,32 @@ def test_blendserve_keeps_the_blends_on_drawn_lengths_unless_beaten_on_every_dra
         assert drawn.name == best_blend
     else:  # another candidate replaced the blends only by being faster on both draws
         assert all(a < b for a, b in zip(drawn.scenario_s[drawn.name], drawn.scenario_s[best_blend]))
+
+
+def test_a_replan_switches_from_the_running_order_only_for_a_clear_gain() -> None:
+    times = {"keep": (100.0, 110.0, 120.0), "deadline-1": (99.5, 109.0, 119.0), "balance": (95.0, 120.0, 130.0)}
+    assert pick_replan(times) == "keep"  # the blend is faster on every draw, by 0.8% on the mean: not enough
+    assert pick_replan(times, gain=0.005) == "deadline-1"
+    times["deadline-1"] = (97.0, 106.0, 118.0)
+    assert pick_replan(times) == "deadline-1"
+    times["fcfs"] = (96.0, 105.0, 117.0)  # faster than the blend on every draw: ``pick``'s rule, then the gain
+    assert pick_replan(times) == "fcfs"
+
+
+def test_a_replan_offers_the_running_order_as_it_was() -> None:
+    from blendserve.scheduling.choice import KEEP, choose
+
+    batch, estimates, _, _ = _job(600, 8)
+    rng = np.random.default_rng(4)
+    draws = tuple(rng.integers(1, 2 * int(estimates.max()) + 2, size=len(batch)) for _ in range(2))
+    for keep in (np.random.default_rng(5).permutation(len(batch)), np.arange(len(batch))[::-1]):
+        made = choose(PolicyContext(batch, estimates, COST, 60_000, lists_only=True, output_draws=draws,
+                                    keep_order=keep))
+        running = made.candidates[KEEP](made.items, np.arange(len(made.items.requests)))
+        assert np.array_equal(running.order, keep)  # the running plan's order, untouched
+        assert made.choice.name == pick_replan(made.choice.scenario_s)
+    first = choose(PolicyContext(batch, estimates, COST, 60_000, lists_only=True, output_draws=draws)).choice
+    assert KEEP not in first.scenario_s  # a first plan has nothing running to keep
 
 
 def test_blendserve_choice_never_reads_true_lengths() -> None:

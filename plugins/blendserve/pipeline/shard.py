@@ -122,11 +122,11 @@ class ShardScheduler:
         return estimates_from(self.inputs.batch, self.tree, lengths, progress).take(self.todo_index)
 
     def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool = False, policy: str | None = None,
-             ) -> AdmissionController:
+             keep: np.ndarray | None = None) -> AdmissionController:
         """``RestPlanner``: the policy (default the run's) over ``rest`` (engine indices; the controller's are
         positions in it)."""
         context = rest_context(self.inputs.batch.take(self.todo_index[rest]), estimates.take(rest), self.inputs.cost,
-                               self.inputs.kv_capacity, lists_only=lists_only)
+                               self.inputs.kv_capacity, lists_only=lists_only, keep=keep)
         return make_controller(policy or self.config.policy, context)
 
     def table(self) -> pa.Table | None:

@@ -24,6 +24,8 @@ The tree side (prefix tree, sort and split, groups, shards, scan items) is ``ble
 #   (``sampling.select._group_picks``: a family too thin in each prompt length to be covered there).
 # 4 (2026-12-06): the warm-up's plan is made beside the engine, which admits fillers until it lands
 #   (``plan_worker``); the simulator charges its modelled time. Known-length runs have no warm-up: unchanged.
-PLANNER_REVISION = 4
+# 5 (2026-12-06): the rest is planned again once half the shard has started (``warmup.REPLAN_AT``), the running
+#   plan kept unless another is predicted 1% faster (``choice.pick_replan``).
+PLANNER_REVISION = 5
 # The last revision that changed a known-length run's order: those runs plan once, with no warm-up.
 KNOWN_LENGTHS_REVISION = 3

@@ -8,7 +8,9 @@ and its own estimates, so ``blendserve`` builds every candidate
 (``first_candidates``, then ``deadline_candidates``) over the same scan items, simulates each on the estimates
 (known lengths exact, the rest the warm-up sampler's draws) and runs the one
 predicted fastest; on drawn lengths a stratified blend unless another
-candidate is faster on every draw (``pick``). Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
+candidate is faster on every draw (``pick``). A re-plan (``warmup.REPLAN_AT``) also offers the plan running
+now (``KEEP``) and keeps it unless another is predicted clearly faster
+(``pick_replan``). Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
 a random subsample (the same for every candidate); why the sample must be
 that large, and what the choice costs, is measured in docs/PLANNER_NOTES.md
 ("model-predictive choice and the stratified blend").
@@ -182,6 +184,23 @@ def deadline_name(factor: float) -> str:
 
 # The stratified blends: what ``pick`` keeps unless another candidate is faster on every draw.
 BLENDS = frozenset({SPREAD, *map(deadline_name, DEADLINES)})
+# A re-plan's candidate: the plan running now, over the rest (``PolicyContext.keep_order``).
+KEEP = "keep"
+# A re-plan switches from ``KEEP`` to the candidate ``pick`` prefers only if that one is predicted this much
+# faster on the draws' mean: a smaller lead is within what the prediction misses. At 40k (8B, rare-1 seed 1)
+# a lead of 0.85% (faster on all three draws) ran 0.2% slower; leads of 1.5-5.7% ran 1.1-2.1% faster
+# (docs/PLANNER_NOTES.md, twenty-second).
+REPLAN_GAIN = 0.01
+
+
+def pick_replan(scenario_s: dict[str, tuple[float, ...]], gain: float = REPLAN_GAIN) -> str:
+    """A re-plan's pick: ``KEEP`` unless the candidate ``pick`` prefers among the others is faster by ``gain``
+    on the scenarios' mean."""
+    others = {name: t for name, t in scenario_s.items() if name != KEEP}
+    best = pick(others, BLENDS)
+    return best if np.mean(others[best]) < (1.0 - gain) * np.mean(scenario_s[KEEP]) else KEEP
+
+
 # Largest estimated peak KV of a memory-heavy unit of the stratified blend, as a share of the KV capacity:
 # about one long video on the paper setups, so repeated long-decode prompts are spread one by one.
 UNIT_KV_SHARE = 0.05
@@ -217,6 +236,10 @@ def first_candidates(context: PolicyContext, items: ScanItems, cuts: np.ndarray)
     first["fcfs"] = lambda sub, kept: StaticOrder(np.sort(sub.requests))
     first["balance"] = lambda sub, kept: StaticOrder(sub.requests[np.random.default_rng(context.seed).permutation(
         len(sub.requests))])
+    if context.keep_order is not None:
+        rank = np.empty(len(context.batch), dtype=np.int64)
+        rank[np.asarray(context.keep_order, dtype=np.int64)] = np.arange(len(context.keep_order))
+        first[KEEP] = _spread_candidate(rank[items.requests])
     return first
 
 
@@ -255,6 +278,8 @@ def choose(context: PolicyContext) -> Choosing:
     run_steps = choice.steps[SPREAD] * len(items.requests) / max(choice.sample, 1)
     deadline = deadline_candidates(items, cuts, run_steps)
     choice = choice.merged(predictor.choose(deadline), prefer=BLENDS)
+    if KEEP in candidates:
+        choice = replace(choice, name=pick_replan(choice.scenario_s))
     return Choosing(items, {**candidates, **deadline}, choice)
 
 

@@ -30,6 +30,9 @@ class PolicyContext:
     # Resampled output lengths (each (n,), ``sampling.estimator.draw_outputs``) that say how uncertain the
     # estimates are; empty when they are all there is (known lengths, or no warm-up).
     output_draws: tuple[np.ndarray, ...] = ()
+    # A re-plan's batch rows in the order the plan running now would admit them: the candidate to beat
+    # (``choice.KEEP``). None: a first plan.
+    keep_order: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -35,18 +35,19 @@ class RestPlanner(Protocol):
         ...
 
     def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
-             ) -> AdmissionController:
+             keep: np.ndarray | None = None) -> AdmissionController:
         """The policy (``policy``, else the planner's own) over ``rest`` (request indices) on ``estimates``; its
-        indices are positions in ``rest``. ``lists_only``: it must admit a fixed list (``PolicyContext.lists_only``)."""
+        indices are positions in ``rest``. ``lists_only``: it must admit a fixed list (``PolicyContext.lists_only``).
+        ``keep``: a re-plan's positions in ``rest`` in the running plan's order (``PolicyContext.keep_order``)."""
         ...
 
 
 def rest_context(batch: RequestBatch, estimates: Estimates, cost_model: CostModel, kv_capacity_tokens: int,
-                 seed: int = 0, lists_only: bool = False) -> PolicyContext:
+                 seed: int = 0, lists_only: bool = False, keep: np.ndarray | None = None) -> PolicyContext:
     """The policy's view of the requests left to plan (``estimates`` row by row with ``batch``): the means, and
-    ``DRAWS`` resamples of the lengths they leave uncertain."""
+    ``DRAWS`` resamples of the lengths they leave uncertain; for a re-plan, the running plan's order (``keep``)."""
     return PolicyContext(batch, estimates.mean, cost_model, kv_capacity_tokens, seed, lists_only,
-                         output_draws=tuple(draw_outputs(estimates, DRAWS, seed)))
+                         output_draws=tuple(draw_outputs(estimates, DRAWS, seed)), keep_order=keep)
 
 
 class BatchPlanner:
@@ -60,11 +61,12 @@ class BatchPlanner:
     def estimate(self, observed: dict[int, float], running: dict[int, int]) -> Estimates:
         return estimates_from(self.batch, self.tree, observed, running)
 
-    def context(self, rest: np.ndarray, estimates: Estimates, lists_only: bool) -> PolicyContext:
+    def context(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, keep: np.ndarray | None = None,
+                ) -> PolicyContext:
         """What ``policy`` plans ``rest`` on (``rest_context``)."""
         return rest_context(self.batch.take(rest), estimates.take(rest), self.cost_model, self.kv_capacity_tokens,
-                            self.seed, lists_only)
+                            self.seed, lists_only, keep)
 
     def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
-             ) -> AdmissionController:
-        return make_controller(policy or self.policy, self.context(rest, estimates, lists_only))
+             keep: np.ndarray | None = None) -> AdmissionController:
+        return make_controller(policy or self.policy, self.context(rest, estimates, lists_only, keep))

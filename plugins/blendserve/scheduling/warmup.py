@@ -13,15 +13,17 @@ count at their expected length given how far they got
 (``strata.censored_length``), and the planner orders the requests not yet
 admitted. The plan is made beside the engine (``plan_worker``); meanwhile the
 rest runs in a quick plan's order (``QUICK``: one of the plan's candidates, no
-simulation), or as fillers, and the plan then skips what ran. Re-plans are
-there but off (``REPLAN_AT = ()``): once each share of ``REPLAN_AT`` of the
-shard has started, the rest would be planned again the same way, the old plan
-running meanwhile, on the sample and the cohort (``_cohort``): every request
-admitted before the first one still running short of ``LONG_AFTER`` tokens,
-at its length, or at its expected length if it is still running. The sample
-is a few hundred requests; by then the cohort is thousands, and cut there it
-holds the long answers of what it admitted as well as the short ones. Each
-request is admitted exactly once, so nothing runs twice.
+simulation), or as fillers, and the plan then skips what ran. Once half the
+shard has started (``REPLAN_AT``), the rest is planned again the same way,
+the old plan running meanwhile, on the sample and the cohort (``_cohort``):
+every request admitted before the first one still running short of
+``LONG_AFTER`` tokens, at its length, or at its expected length if it is
+still running. The sample is a few hundred requests; by then the cohort is
+thousands, and cut there it holds the long answers of what it admitted as
+well as the short ones. The running plan is one of the re-plan's candidates
+(``choice.KEEP``), kept unless another is predicted clearly faster
+(``choice.pick_replan``). Each request is admitted exactly once, so nothing
+runs twice.
 """
 
 from __future__ import annotations
@@ -55,11 +57,13 @@ LONG_ENOUGH = 4096
 # benches the share before the plan was 4-16%.
 MAX_BEFORE_PLAN = 0.25
 # Shares of the shard's requests started at which the rest is planned again, on the sample and the cohort; each
-# is one more plan made beside the engine (the old plan runs meanwhile, and the simulator charges its time). Off:
-# one re-plan at half the shard ran the 8B 20k mixes 1% faster on average, but 40k rare-1 0.3% slower on each of
-# three seeds, behind `balance` (docs/PLANNER_NOTES.md, 2026-12-06 (nineteenth)); ``bench_seeds.py --replan-at``
-# tries it. The trigger it replaces, a move of the rest's estimated output, was slower still (the tenth section).
-REPLAN_AT: tuple[float, ...] = ()
+# is one more plan made beside the engine (the old plan runs meanwhile, and the simulator charges its time).
+# Switching whenever the choice preferred another order ran the 8B 20k mixes 1% faster on average, but 40k
+# rare-1 0.3% slower on each of three seeds (docs/PLANNER_NOTES.md, nineteenth); keeping the running plan unless
+# another is predicted 1% faster (``choice.REPLAN_GAIN``) keeps most of the gains and no such loss (twenty-second).
+# ``bench_seeds.py --replan-at`` tries others. The trigger it replaces, a move of the rest's estimated output,
+# was slower still (the tenth section).
+REPLAN_AT: tuple[float, ...] = (0.5,)
 
 
 # Requests of one prefix unit admitted together as fillers; None: the whole unit. A unit can hold a burst
@@ -230,6 +234,7 @@ class WarmupController:
     def _start_plan(self, estimates: Estimates) -> None:
         """Hand the plan of the requests not yet admitted to the worker; the engine goes on meanwhile."""
         rest = self._unadmitted()
+        keep = self._keep(rest) if self.inner is not None else None
         # Requests admitted while it is made (and samples or fillers in flight now) will be running when it
         # lands: a run-time controller would book only its own admissions and overfill the KV, and its
         # simulation, from an empty engine, would not show it. So lists only, then.
@@ -240,9 +245,17 @@ class WarmupController:
         if quick:
             self._quick_worker.start(lambda: self.planner.plan(rest, estimates, True, self.quick), self._now_s,
                                      len(rest))
-        self.worker.start(lambda: self.planner.plan(rest, estimates, lists_only) if len(rest) else StaticOrder([]),
-                          self._now_s, len(rest))
+        self.worker.start(lambda: self.planner.plan(rest, estimates, lists_only, keep=keep) if len(rest)
+                          else StaticOrder([]), self._now_s, len(rest))
         self._poll()
+
+    def _keep(self, rest: np.ndarray) -> np.ndarray:
+        """Positions in ``rest`` in the order the running plan (a list: ``is_list``) would admit them."""
+        plan = getattr(self.inner, "controller", self.inner)
+        position = {int(index): p for p, index in enumerate(rest.tolist())}
+        ahead = [position[i] for i in self._rest[plan.order[plan.cursor:]].tolist() if i in position]
+        left = np.setdiff1d(np.arange(len(rest)), ahead)  # none, unless the list lost some
+        return np.concatenate([np.asarray(ahead, dtype=np.int64), left])
 
     def _poll(self) -> None:
         """Land the plan being made once it is ready; until then its quick list, once that is."""
