@@ -10,8 +10,9 @@ reset before every run:
 - ``single``: all requests in one run (no warm-up);
 - ``inline``: one run with ``scheduling.warmup.WarmupController`` (samples
   first, random fillers while they run, then blendserve's plans made on their
-  threads as a shard makes them, each admitting the rest in FCFS order:
-  ``FcfsAfterChoice``): what every infer shard does (``pipeline.shard.plan_shard``);
+  threads as a shard makes them, the re-plan at ``warmup.REPLAN_AT`` too, each
+  admitting the rest in FCFS order: ``FcfsAfterChoice``): what every infer
+  shard does (``pipeline.shard.plan_shard``);
 - ``phased``: the sample as its own run, then the rest (the pipeline before
   2026-11-29, when the warm-up was a task of its own).
 
@@ -132,6 +133,7 @@ class Job:
         self.sample_reqs = [reqs[i] for i in self.sampled]
         self.rest_reqs = [reqs[i] for i in rest]
         self.fillers: list[int] = []
+        self.plans: list[tuple[int, float]] = []  # inline runs: plans made (the first and re-plans), their seconds
         self.observed = np.array([r.max_tokens for r in self.sample_reqs])  # the sample's lengths, once run
 
     def run(self, engine, variant: str) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -145,6 +147,7 @@ class Job:
         inline.planner = FcfsAfterChoice(inline.planner)
         times = timed(engine, self.reqs, inline)
         self.fillers.append(inline.unplanned)
+        self.plans.append((1 + inline.replans, inline.plan_seconds))
         self.observed = np.array([inline.observed[int(i)] for i in self.sampled])
         return times
 
@@ -160,8 +163,8 @@ class FcfsAfterChoice:
         return self.planner.estimate(observed, running)
 
     def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
-             ) -> AdmissionController:
-        self.planner.plan(rest, estimates, lists_only, policy)
+             keep: np.ndarray | None = None) -> AdmissionController:
+        self.planner.plan(rest, estimates, lists_only, policy, keep)
         return StaticOrder(np.arange(len(rest)))
 
 
@@ -214,6 +217,9 @@ def report(job: Job, times: dict[str, list[dict[str, float]]], start: tuple[floa
               f"{spread([share * s for s in single], '.2f')} s; overhead {spread(extra, '+.2f')} %")
     if job.fillers:
         print(f"inline fillers admitted before the plan: {job.fillers}")
+    if job.plans:
+        print("inline plans made (the first, then re-plans) and their seconds on the plan thread: "
+              + ", ".join(f"{n} in {s:.2f} s" for n, s in job.plans))
     single_median = statistics.median(single)
     print(f"shard planning (tree, sample, estimates, blendserve's choice): {planning:.2f} s "
           f"= {100 * planning / single_median:.2f} % of single's median (inline makes it beside the engine)")
