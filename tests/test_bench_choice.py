@@ -36,7 +36,10 @@ def test_the_pick_and_its_draws_are_the_shards_and_the_truth_is_simulated_on_the
     point, when = bench_choice.run_to_plan(batch, outputs, COST, config)
     picked, times = bench_choice.candidate_times(point, outputs)
 
-    # What a shard running blendserve chose, on the same warm-up: the same pick, the same draws.
+    # What a shard running blendserve chose, on the same warm-up: the same pick, the same draws. bench_choice
+    # studies the first plan, so the shard here plans once (no re-plan to replace its choice).
+    import blendserve.scheduling.warmup as warmup
+    monkeypatch.setattr(warmup, "REPLAN_AT", ())
     _, controller = simulate_as_shard(batch, outputs, COST, config, "blendserve")
     made = planned(controller).choice
     assert picked == made.name
