@@ -58,8 +58,9 @@ class PlanPoint:
 
 class _StopAtPlan(BatchPlanner):
     def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
-             ) -> AdmissionController:
-        self.point = PlanPoint(self.context(rest, estimates, lists_only), rest)  # the quick plan's is the same
+             keep: np.ndarray | None = None) -> AdmissionController:
+        # the first plan (``keep`` is None): the quick plan's context is the same
+        self.point = PlanPoint(self.context(rest, estimates, lists_only, keep), rest)
         raise _Planned
 
 
