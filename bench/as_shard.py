@@ -89,16 +89,25 @@ def compare_as_shard(
         started = time.monotonic()
         result, controller = simulate_as_shard(batch, outputs, cost, config, name, warmup, seed)
         results[name] = (result, time.monotonic() - started)
-        rows[name] = {"chosen": None, **_choice(planned(controller), len(batch), optimum.time),
+        rows[name] = {"chosen": None, **_choice(controller, len(batch), optimum.time),
                       **_warmup_counts(controller)}
     return report(batch, outputs, cost, config, kv, optimum, results, {name: rows[name] for name in policies})
 
 
-def _choice(controller: AdmissionController | None, requests: int, t_opt: float) -> dict:
+def _choice(controller: AdmissionController, requests: int, t_opt: float) -> dict:
     # The plan covers only the requests left after the sample, so its predicted time has no T_opt to
     # compare with: _chosen leaves predicted_fraction None when its sample is not the whole batch.
-    choice = getattr(controller, "choice", None)
-    return {} if choice is None else _chosen(choice, requests, t_opt)
+    choice = getattr(planned(controller), "choice", None)
+    return {} if choice is None else {**_chosen(choice, requests, t_opt), "chosen": plan_choices(controller)}
+
+
+def plan_choices(controller: AdmissionController) -> str | None:
+    """What a predictive policy chose, each plan's choice in turn ("spread-0.05 → keep": a re-plan kept the first
+    plan's order); None for a policy without a choice."""
+    if isinstance(controller, WarmupController) and controller.choices:
+        return " → ".join(controller.choices)
+    choice = getattr(planned(controller), "choice", None)
+    return None if choice is None else choice.name
 
 
 def _warmup_counts(controller: AdmissionController) -> dict:

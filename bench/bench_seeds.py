@@ -53,7 +53,7 @@ from blendserve.sim.simulator import SimConfig
 from blendserve.scheduling import warmup as warmup_module
 from blendserve.scheduling.warmup import LONG_ENOUGH
 from blendserve.workload import MIXES, RARE_MIXES
-from as_shard import Warmup, planned, shard_warmup, simulate_as_shard
+from as_shard import Warmup, plan_choices, shard_warmup, simulate_as_shard
 from common import RESULTS, SETUPS, hide_lengths, load_mix, provenance, size_suffix
 from tables import SEED_BASELINES, seed_ratios, seed_speedups
 
@@ -82,8 +82,7 @@ def run_policies(hidden: RequestBatch, outputs: np.ndarray, warmup: Warmup, cost
     runs = {}
     for policy in policies:
         result, controller = simulate_as_shard(hidden, outputs, cost, config, policy, warmup, seed)
-        choice = getattr(planned(controller), "choice", None)
-        runs[policy] = {"time_s": result.total_time, "chosen": None if choice is None else choice.name}
+        runs[policy] = {"time_s": result.total_time, "chosen": plan_choices(controller)}
     return runs
 
 

@@ -68,7 +68,8 @@ def sharing_label(mixes: list[dict]) -> str:
     before = (f"; {', '.join(old)} measured before 2026-12-03, counting every cache hit, a preempted request's "
               "re-hits of its own prompt included" if old else "")
     return ("Per policy: fraction of optimum / speed-up over dfs / prefix sharing (prompt tokens found cached at "
-            f"each request's first start{before}) relative to dfs:")
+            f"each request's first start{before}) relative to dfs; in brackets, the candidate blendserve's choice "
+            "picked, each plan's in turn where a shard planned again (`keep`: the re-plan kept the running order):")
 
 
 def provenance(data: dict) -> str:
@@ -425,7 +426,8 @@ def seeds_section(data: dict) -> str:
     intro = (f"{data['setup']}, {data['requests']:,} requests, lengths hidden, one max_tokens cap for every "
              "request. Each row is one whole shard at one seed: its warm-up sample, its fillers' order, the "
              "choice's subsample and `balance`'s permutation (`fcfs`, the file's order, has none). The tables above "
-             "run seed 0; a miss there smaller than the spread here is a draw, not a rank."
+             "run seed 0; a miss there smaller than the spread here is a draw, not a rank. pick: each plan's "
+             "choice in turn (`keep`: the re-plan kept the running order)."
              + planned_earlier_note(oldest, hidden=True))
     header = ["mix", "seed", "fcfs s", "balance s", "blendserve s", "pick", *(f"x {b}" for b in SEED_BASELINES)]
     runs = [run["provenance"] for seeds in data["mixes"].values() for run in seeds.values()]

@@ -31,7 +31,9 @@ def test_each_seed_is_a_shard_of_its_own_and_fcfs_has_no_seed(monkeypatch) -> No
     hidden, _ = hide_lengths(batch)
     result, controller = simulate_as_shard(hidden, true_outputs(hidden), COST, SimConfig(), "blendserve",
                                            shard_warmup(hidden, COST, 1), 1)
-    assert seeds["1"]["blendserve"] == {"time_s": result.total_time, "chosen": planned(controller).choice.name}
+    assert seeds["1"]["blendserve"] == {"time_s": result.total_time, "chosen": " → ".join(controller.choices)}
+    assert controller.choices[-1] == planned(controller).choice.name  # the pick shows every plan's choice, last last
+    assert len(controller.choices) == 1 + controller.replans
     assert seeds["1"]["fcfs"]["chosen"] is None
 
     ratios = {s: run["balance"]["time_s"] / run["blendserve"]["time_s"] for s, run in seeds.items()}

@@ -459,6 +459,9 @@ def test_a_replan_that_keeps_the_running_plan_admits_what_it_would_have(monkeypa
     offered = [choice.KEEP in names for names in seen]  # each plan picks twice (``choose``'s two rounds)
     assert controller.replans == 3 and sum(offered) == 2 * 3 and not any(offered[:2])  # on re-plans only
     assert kept == once
+    # each plan's choice is recorded: the first plan's, then the three re-plans', which kept it
+    assert controller.choices[0] in choice.BLENDS | {"dual-scan", "static", "fcfs", "balance"}
+    assert controller.choices[1:] == [choice.KEEP] * 3
 
 
 @pytest.mark.parametrize("cap", [None, 0.25])

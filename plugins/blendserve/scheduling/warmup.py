@@ -131,6 +131,7 @@ class WarmupController:
         self._now_s = 0.0  # the engine's clock at the last admission (``EngineState.clock_s``)
         self.estimates: Estimates | None = None  # what the current plan was made on
         self.replans = 0  # plans made after the first
+        self.choices: list[str] = []  # the candidate each landed plan chose (a predictive policy's), first plan first
         self.cohort = 0  # requests of the cohort the last re-plan learnt from (``_cohort``)
         self.plan_seconds = 0.0  # host wall seconds of every plan made (the engine waits only with InlinePlan)
         self.admitted_while_planning = 0  # requests admitted while a plan was being made
@@ -280,6 +281,8 @@ class WarmupController:
         rest = self._rest
         self.plan_seconds += self.worker.seconds
         choice = getattr(plan, "choice", None)
+        if choice is not None:
+            self.choices.append(choice.name)
         log.info("planned the %d requests left in %.1f s (%s)%s", len(rest), self.worker.seconds,
                  "the engine waited" if self.worker.waits else
                  f"{len(self._taken)} of them ran meanwhile, " + (
