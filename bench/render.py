@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from scorecard import scorecard_section
 from tables import (
     grid_section, is_current, peer_section, pipeline_section, planner_section, policies_section, rare_section,
     sampling_section, seeds_section, simulator_section, summarize, times, timeline_section,
@@ -195,6 +196,20 @@ def _grid_speedup(grid: dict | None) -> str:
             f"{len(speedups)} mixes){earlier}")
 
 
+def scorecard() -> str:
+    """Issue 20's conditions over every stored hidden-length result (``scorecard.py``)."""
+    results = [(f"paper mixes, {setup}, {data['requests'] // 1000}k", "policies", data)
+               for name, setup, _ in POLICY_RESULTS if (data := load(name)) is not None]
+    results += [(f"rare-heavy mixes, 8B, 1 GPU, {n // 1000}k", "policies", load(name)) for name, n, _ in RARE_RESULTS]
+    results += [(f"seed by seed, 8B, 1 GPU, {n // 1000}k", "seeds", load(name)) for name, n, _ in SEED_RESULTS]
+    grid = load("grid")
+    if grid is not None:
+        results.append((f"sensitivity grid, {grid['requests'] // 1000}k a cell", "grid", grid))
+    opt = [(setup, _summary(data)["opt"]) for name, setup, _ in POLICY_RESULTS
+           if name in ("policies-8b", "policies-70b") and (data := load(name)) is not None]
+    return scorecard_section(results, opt)
+
+
 def pair(title: str, result: str, make: Callable[[dict], str], command: str) -> list[str]:
     """The hidden-length section, then its known-length upper bound (``command`` run with --lengths known)."""
     return [section(title, result, make, command),
@@ -209,6 +224,7 @@ def render() -> str:
         INTRO,
         headline([(load(name), load(known(name)), setup) for name, setup, _ in POLICY_RESULTS], load("grid"),
                  load("grid-known")),
+        scorecard(),
         fragment("commentary.md", ""),
         *(part for both in policies for part in both),
         *(part for name, n, title in RARE_RESULTS

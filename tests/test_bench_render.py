@@ -178,3 +178,25 @@ def test_a_revision_that_changed_only_the_warm_up_leaves_known_length_figures_cu
              {"mix": "known", "max_tokens": None, "provenance": at},
              {"mix": "older", "max_tokens": None, "provenance": {"planner": KNOWN_LENGTHS_REVISION - 1}}]
     assert tables.planned_earlier(mixes) == ["hidden", "older"]
+
+
+def test_the_scorecard_names_every_run_slower_than_a_baseline(monkeypatch) -> None:
+    """Issue 20's conditions: a run a baseline beats is listed with that baseline, one that beats all is not."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import render
+    import scorecard
+
+    data = render.load("policies-8b")
+    mixes = data["mixes"][:2]
+    slowed = {**mixes[1], "policies": [{**r, "time_s": r["time_s"] * (1.5 if r["policy"] == "blendserve" else 1.0)}
+                                       for r in mixes[1]["policies"]]}
+    runs = scorecard.policy_runs({**data, "mixes": [mixes[0], slowed]})
+    assert all(v >= 1.0 for v in runs[0].vs.values())  # the stored first mix beats every baseline
+    lost = scorecard.misses(runs)
+    assert len(lost) == 1 and lost[0].startswith(slowed["mix"])
+    fastest = min(scorecard.BASELINES, key=lambda b: next(r["time_s"] for r in slowed["policies"] if r["policy"] == b))
+    assert f"`{fastest}`" in lost[0]  # the baseline it lost to by most
+    page = render.render()
+    assert "## Where blendserve stands against its baselines (lengths hidden)" in page
+    assert page.index("## Headline against the paper") < page.index("## Where blendserve stands")
+    sys.modules.pop("render", None)
