@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tables import is_current, table, times
+from tables import _rows, is_current, seed_ratios, table, times
 
 BASELINES = ("fcfs", "balance", "dfs")
 # What the issue asks of the paper mixes' mean at 40k requests (fraction of T_opt).
@@ -31,7 +31,7 @@ def policy_runs(data: dict) -> list[Run]:
     """The runs of a ``bench_policies.py`` result (paper or rare-heavy mixes)."""
     runs = []
     for mix in data["mixes"]:
-        rows = {r["policy"]: r for r in mix["policies"]}
+        rows = _rows(mix)
         blend = rows["blendserve"]
         runs.append(Run(mix["mix"], {b: rows[b]["time_s"] / blend["time_s"] for b in BASELINES if b in rows},
                         blend["sharing_vs_dfs"] if "dfs" in rows else None,
@@ -41,9 +41,7 @@ def policy_runs(data: dict) -> list[Run]:
 
 def seed_runs(data: dict) -> list[Run]:
     """The runs of a ``bench_seeds.py`` result, one per mix and seed (it runs no dfs)."""
-    return [Run(f"{mix} seed {seed}",
-                {b: run[b]["time_s"] / run["blendserve"]["time_s"] for b in BASELINES if b in run},
-                None, is_current(run["provenance"], hidden=True))
+    return [Run(f"{mix} seed {seed}", seed_ratios(run), None, is_current(run["provenance"], hidden=True))
             for mix, seeds in data["mixes"].items() for seed, run in sorted(seeds.items(), key=lambda s: int(s[0]))]
 
 
@@ -61,8 +59,7 @@ def misses(runs: list[Run]) -> list[str]:
     for run in runs:
         worst = min(run.vs, key=run.vs.get)
         if run.vs[worst] < 1.0:
-            ratio = times(run.vs[worst]) if run.vs[worst] < 0.9995 else f"{run.vs[worst]:.4f}x"  # not "1.000x"
-            out.append(f"{run.name} {ratio} `{worst}`" + ("" if run.current else " (earlier planner)"))
+            out.append(f"{run.name} {times(run.vs[worst])} `{worst}`" + ("" if run.current else " (earlier planner)"))
     return out
 
 
@@ -72,7 +69,7 @@ def scorecard_row(label: str, runs: list[Run]) -> list[str]:
     lowest = f"{min(shared):.1%}" if shared else "-"
     earlier = sum(not r.current for r in runs)
     return [label, str(len(runs)), f"{len(runs) - len(lost)} of {len(runs)}", "; ".join(lost) or "none",
-            lowest + ("" if not shared or min(shared) >= SHARING_FLOOR else " (below 97%)"),
+            lowest + ("" if not shared or min(shared) >= SHARING_FLOOR else f" (below {SHARING_FLOOR:.0%})"),
             f"{earlier} of {len(runs)}" if earlier else "none"]
 
 

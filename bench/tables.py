@@ -87,8 +87,9 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def times(ratio: float) -> str:
-    """A speed ratio to three decimals: the misses are within a few tenths of a percent, and "1.00x" hides them."""
-    return f"{ratio:.3f}x"
+    """A speed ratio to three decimals: the misses are within a few tenths of a percent, and "1.00x" hides them;
+    to four where three would round a miss up to "1.000x"."""
+    return f"{ratio:.4f}x" if 0.9995 <= ratio < 1.0 else f"{ratio:.3f}x"
 
 
 def image(name: str, alt: str) -> str:

@@ -125,6 +125,7 @@ def test_a_miss_of_a_few_tenths_of_a_percent_shows_below_one(monkeypatch) -> Non
     row = render.headline([({**stored, "mixes": losing}, None, "8B")],
                           None, None).split("best other policy per mix")[1].splitlines()[0]
     assert "/ 0.996x" in row, row
+    assert render.times(0.9997) == "0.9997x" and render.times(1.0) == "1.000x"  # a miss never rounds up to 1.000x
     sys.modules.pop("render", None)
 
 
