@@ -18,13 +18,15 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 @pytest.fixture()
 def bench(monkeypatch) -> ModuleType:
-    """bench/ on the path; its modules (common, as_shard, synthetic) are dropped again afterwards."""
+    """bench/ on the path; every module loaded from bench/ is dropped again afterwards, all of them: a bench script
+    left behind would keep the dropped ``common`` that a later test's monkeypatch cannot reach."""
     monkeypatch.syspath_prepend(str(BENCH))
     import as_shard
 
     yield as_shard
-    for name in ("as_shard", "common", "synthetic", "render", "tables"):
-        sys.modules.pop(name, None)
+    for name, module in list(sys.modules.items()):
+        if Path(getattr(module, "__file__", None) or "/").parent == BENCH:
+            sys.modules.pop(name, None)
 
 
 def _batch(n: int = 600):
