@@ -37,7 +37,7 @@ from blendserve.scheduling import choice
 from blendserve.scheduling.registry import PolicyContext
 from blendserve.sampling import Estimates
 from blendserve.scheduling.admission import AdmissionController
-from blendserve.scheduling.rest_planner import BatchPlanner
+from blendserve.scheduling.rest_planner import BatchPlanner, RunningPlan
 from blendserve.scheduling.warmup import WarmupController, warmup_controller
 from blendserve.sim.compare import true_outputs
 from blendserve.sim.engine_core import EngineCore
@@ -58,7 +58,7 @@ class PlanPoint:
 
 class _StopAtPlan(BatchPlanner):
     def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
-             keep: np.ndarray | None = None) -> AdmissionController:
+             keep: RunningPlan | None = None) -> AdmissionController:
         # the first plan (``keep`` is None): the quick plan's context is the same
         self.point = PlanPoint(self.context(rest, estimates, lists_only, keep), rest)
         raise _Planned

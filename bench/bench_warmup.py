@@ -47,7 +47,7 @@ from blendserve.sampling.estimator import Estimates
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.scheduling.plan_worker import ThreadPlan
 from blendserve.scheduling.registry import make_controller
-from blendserve.scheduling.rest_planner import BatchPlanner, rest_context
+from blendserve.scheduling.rest_planner import BatchPlanner, RunningPlan, rest_context
 from blendserve.scheduling.warmup import warmup_controller
 from blendserve.workload_sources import data_root
 from common import provenance
@@ -163,7 +163,7 @@ class FcfsAfterChoice:
         return self.planner.estimate(observed, running)
 
     def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool, policy: str | None = None,
-             keep: np.ndarray | None = None) -> AdmissionController:
+             keep: RunningPlan | None = None) -> AdmissionController:
         self.planner.plan(rest, estimates, lists_only, policy, keep)
         return StaticOrder(np.arange(len(rest)))
 

@@ -454,7 +454,15 @@ def test_a_replan_that_keeps_the_running_plan_admits_what_it_would_have(monkeypa
         seen.append(set(times))
         return choice.KEEP if choice.KEEP in times else real_pick(times, prefer)
 
+    told: list[str | None] = []  # the running candidate each re-plan was told
+    real_replan = choice.pick_replan
+
+    def replan(times, gain=choice.REPLAN_GAIN, running=None):  # type: ignore[no-untyped-def]
+        told.append(running)
+        return real_replan(times, gain, running)
+
     monkeypatch.setattr(choice, "pick", keep_when_offered)
+    monkeypatch.setattr(choice, "pick_replan", replan)
     kept, controller = run()
     offered = [choice.KEEP in names for names in seen]  # each plan picks twice (``choose``'s two rounds)
     assert controller.replans == 3 and sum(offered) == 2 * 3 and not any(offered[:2])  # on re-plans only
@@ -462,6 +470,7 @@ def test_a_replan_that_keeps_the_running_plan_admits_what_it_would_have(monkeypa
     # each plan's choice is recorded: the first plan's, then the three re-plans', which kept it
     assert controller.choices[0] in choice.BLENDS | {"dual-scan", "static", "fcfs", "balance"}
     assert controller.choices[1:] == [choice.KEEP] * 3
+    assert told == [controller.choices[0]] * 3  # each re-plan knows the candidate still running
 
 
 @pytest.mark.parametrize("cap", [None, 0.25])

@@ -233,10 +233,13 @@ def test_a_replan_switches_from_the_running_order_only_for_a_clear_gain() -> Non
     assert pick_replan(times) == "deadline-1"
     times["fcfs"] = (96.0, 105.0, 117.0)  # faster than the blend on every draw: ``pick``'s rule, then the gain
     assert pick_replan(times) == "fcfs"
+    # the running plan's own candidate, re-made, is not a switch: keep it as it runs
+    assert pick_replan(times, running="fcfs") == "keep"
+    assert pick_replan(times, running="deadline-1") == "fcfs"
 
 
 def test_a_replan_offers_the_running_order_as_it_was() -> None:
-    from blendserve.scheduling.choice import KEEP, choose
+    from blendserve.scheduling.choice import BLENDS, KEEP, choose
 
     batch, estimates, _, _ = _job(600, 8)
     rng = np.random.default_rng(4)
@@ -247,6 +250,11 @@ def test_a_replan_offers_the_running_order_as_it_was() -> None:
         running = made.candidates[KEEP](made.items, np.arange(len(made.items.requests)))
         assert np.array_equal(running.order, keep)  # the running plan's order, untouched
         assert made.choice.name == pick_replan(made.choice.scenario_s)
+        # made from the candidate the re-plan would pick, the running plan is kept
+        others = {name: t for name, t in made.choice.scenario_s.items() if name != KEEP}
+        rerun = choose(PolicyContext(batch, estimates, COST, 60_000, lists_only=True, output_draws=draws,
+                                     keep_order=keep, keep_candidate=pick(others, BLENDS)))
+        assert rerun.choice.name == KEEP
     first = choose(PolicyContext(batch, estimates, COST, 60_000, lists_only=True, output_draws=draws)).choice
     assert KEEP not in first.scenario_s  # a first plan has nothing running to keep
 

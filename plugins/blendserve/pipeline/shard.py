@@ -25,7 +25,7 @@ from blendserve.sampling import Estimates, estimate_table, estimates_from, shard
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
 from blendserve.scheduling.plan_worker import PlanWorker, SimulatedPlan, ThreadPlan
-from blendserve.scheduling.rest_planner import rest_context
+from blendserve.scheduling.rest_planner import RunningPlan, rest_context
 from blendserve.scheduling.warmup import QUICK, WarmupController, filler_order
 
 
@@ -122,7 +122,7 @@ class ShardScheduler:
         return estimates_from(self.inputs.batch, self.tree, lengths, progress).take(self.todo_index)
 
     def plan(self, rest: np.ndarray, estimates: Estimates, lists_only: bool = False, policy: str | None = None,
-             keep: np.ndarray | None = None) -> AdmissionController:
+             keep: RunningPlan | None = None) -> AdmissionController:
         """``RestPlanner``: the policy (default the run's) over ``rest`` (engine indices; the controller's are
         positions in it)."""
         context = rest_context(self.inputs.batch.take(self.todo_index[rest]), estimates.take(rest), self.inputs.cost,

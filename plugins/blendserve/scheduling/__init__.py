@@ -26,6 +26,7 @@ The tree side (prefix tree, sort and split, groups, shards, scan items) is ``ble
 #   (``plan_worker``); the simulator charges its modelled time. Known-length runs have no warm-up: unchanged.
 # 5 (2026-12-06): the rest is planned again once half the shard has started (``warmup.REPLAN_AT``), the running
 #   plan kept unless another is predicted 1% faster (``choice.pick_replan``).
-PLANNER_REVISION = 5
+# 6 (2026-12-07): a re-plan whose pick is the running plan's own candidate, re-made, keeps the running plan.
+PLANNER_REVISION = 6
 # The last revision that changed a known-length run's order: those runs plan once, with no warm-up.
 KNOWN_LENGTHS_REVISION = 3

@@ -33,6 +33,9 @@ class PolicyContext:
     # A re-plan's batch rows in the order the plan running now would admit them: the candidate to beat
     # (``choice.KEEP``). None: a first plan.
     keep_order: np.ndarray | None = None
+    # The choice's candidate the running plan was made from (``choice.pick_replan`` keeps rather than re-make
+    # it); None: a first plan, or a running plan no choice made.
+    keep_candidate: str | None = None
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,9 @@ from blendserve.sampling.estimator import Estimates
 from blendserve.sampling.strata import censored_length
 from blendserve.scheduling.admission import AdmissionController, EngineState, StaticOrder
 from blendserve.scheduling.blend import prefix_units
+from blendserve.scheduling.choice import KEEP
 from blendserve.scheduling.plan_worker import PlanWorker, SimulatedPlan, ThreadPlan
-from blendserve.scheduling.rest_planner import BatchPlanner, RestPlanner
+from blendserve.scheduling.rest_planner import BatchPlanner, RestPlanner, RunningPlan
 
 log = logging.getLogger(__name__)
 
@@ -250,13 +251,15 @@ class WarmupController:
                           else StaticOrder([]), self._now_s, len(rest))
         self._poll()
 
-    def _keep(self, rest: np.ndarray) -> np.ndarray:
-        """Positions in ``rest`` in the order the running plan (a list: ``is_list``) would admit them."""
+    def _keep(self, rest: np.ndarray) -> RunningPlan:
+        """The running plan (a list: ``is_list``): positions in ``rest`` in the order it would admit them, and
+        the candidate it was made from (the last plan's choice that was not ``keep``)."""
         plan = getattr(self.inner, "controller", self.inner)
         position = {int(index): p for p, index in enumerate(rest.tolist())}
         ahead = [position[i] for i in self._rest[plan.order[plan.cursor:]].tolist() if i in position]
         left = np.setdiff1d(np.arange(len(rest)), ahead)  # none, unless the list lost some
-        return np.concatenate([np.asarray(ahead, dtype=np.int64), left])
+        made = [name for name in self.choices if name != KEEP]
+        return RunningPlan(np.concatenate([np.asarray(ahead, dtype=np.int64), left]), made[-1] if made else None)
 
     def _poll(self) -> None:
         """Land the plan being made once it is ready; until then its quick list, once that is."""
