@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tables import _rows, is_current, seed_ratios, table, times
+from tables import SEED_BASELINES, _rows, is_current, seed_ratios, table, times
 
 BASELINES = ("fcfs", "balance", "dfs")
 # What the issue asks of the paper mixes' mean at 40k requests (fraction of T_opt).
@@ -43,6 +43,32 @@ def seed_runs(data: dict) -> list[Run]:
     """The runs of a ``bench_seeds.py`` result, one per mix and seed (it runs no dfs)."""
     return [Run(f"{mix} seed {seed}", seed_ratios(run), None, is_current(run["provenance"], hidden=True))
             for mix, seeds in data["mixes"].items() for seed, run in sorted(seeds.items(), key=lambda s: int(s[0]))]
+
+
+def seed_totals(data: dict) -> list[Run]:
+    """A ``bench_seeds.py`` result judged over its seeds: one run per mix, each policy's seconds summed over the
+    seeds (the paper's figures are such means; a per-seed miss can be the job's luck)."""
+    runs = []
+    for mix, seeds in data["mixes"].items():
+        total = {p: sum(run[p]["time_s"] for run in seeds.values()) for p in (*SEED_BASELINES, "blendserve")}
+        runs.append(Run(f"{mix} ({len(seeds)} seeds)", {b: total[b] / total["blendserve"] for b in SEED_BASELINES},
+                        None, all(is_current(run["provenance"], hidden=True) for run in seeds.values())))
+    return runs
+
+
+def over_seeds(results: list[tuple[str, str, dict | None]]) -> str:
+    """One clause per seed table: how many mixes are at or ahead of both baselines over the seeds, and the
+    closest."""
+    clauses = []
+    for label, kind, data in results:
+        if kind != "seeds" or data is None:
+            continue
+        runs = seed_totals(data)
+        closest = min(runs, key=lambda r: min(r.vs.values()))
+        base = min(closest.vs, key=closest.vs.get)
+        clauses.append(f"{label.removeprefix('seed by seed, ')}: {len(runs) - len(misses(runs))} of {len(runs)} "
+                       f"mixes, the closest {closest.name} {times(closest.vs[base])} `{base}`")
+    return "; ".join(clauses)
 
 
 def grid_runs(data: dict) -> list[Run]:
@@ -88,5 +114,8 @@ def scorecard_section(results: list[tuple[str, str, dict | None]], opt_at_40k: l
              "by most. \"earlier planner\": planned by an earlier planner revision, not rerun since.")
     header = ["result", "runs", "at or ahead of every baseline", "slower than a baseline", "lowest sharing vs dfs",
               "earlier planner"]
+    seeds = over_seeds(results)
+    seeds = seeds and ("\n\nJudged over the seeds instead of seed by seed (each mix's seconds summed over its seeds), "
+                       f"mixes at or ahead of both baselines: {seeds}.")
     return (f"## Where blendserve stands against its baselines (lengths hidden)\n\n{intro}\n\n{table(header, rows)}"
-            f"\n\nPaper mixes' mean fraction of T_opt at 40k requests (asked: at least {OPT_FLOOR:.0%}): {means}.")
+            f"\n\nPaper mixes' mean fraction of T_opt at 40k requests (asked: at least {OPT_FLOOR:.0%}): {means}.{seeds}")

@@ -201,3 +201,31 @@ def test_the_scorecard_names_every_run_slower_than_a_baseline(monkeypatch) -> No
     assert "## Where blendserve stands against its baselines (lengths hidden)" in page
     assert page.index("## Headline against the paper") < page.index("## Where blendserve stands")
     sys.modules.pop("render", None)
+
+
+
+def test_the_scorecard_judges_each_seed_table_over_its_seeds_too(monkeypatch) -> None:
+    """A seed lost by a little is a miss seed by seed but not over the seeds; one lost by much is a miss in both."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import render
+    import scorecard
+
+    provenance = render.load("seeds-8b")["mixes"]["d1.4-s35"]["0"]["provenance"]
+
+    def table(first_s: float) -> dict:
+        """Three seeds: blendserve runs ``first_s`` on seed 0 and 90 s on the others; fcfs 100 s, balance 101 s."""
+        runs = {str(seed): {"fcfs": {"time_s": 100.0}, "balance": {"time_s": 101.0},
+                            "blendserve": {"time_s": first_s if seed == 0 else 90.0}, "provenance": provenance}
+                for seed in range(3)}
+        return {"mixes": {"rare-1": runs}}
+
+    def misses(first_s: float) -> tuple[list[str], list[str]]:
+        return (scorecard.misses(scorecard.seed_runs(table(first_s))),
+                scorecard.misses(scorecard.seed_totals(table(first_s))))
+
+    assert misses(101.0) == (["rare-1 seed 0 0.990x `fcfs`"], [])  # 300 s of fcfs against 281 s over the seeds
+    by_seed, over = misses(130.0)  # 300 s against 310 s
+    assert len(by_seed) == 1 and over == ["rare-1 (3 seeds) 0.968x `fcfs`"]
+    clause = scorecard.over_seeds([("seed by seed, 8B, 40k", "seeds", table(130.0))])
+    assert clause == "8B, 40k: 0 of 1 mixes, the closest rare-1 (3 seeds) 0.968x `fcfs`"
+    sys.modules.pop("render", None)
