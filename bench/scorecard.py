@@ -26,6 +26,11 @@ class Run:
     sharing: float | None  # blendserve's prefix sharing over dfs's; None where dfs did not run
     current: bool  # planned by this checkout's planner revision
 
+    @property
+    def worst(self) -> str:
+        """The baseline blendserve fares worst against (the lowest ratio)."""
+        return min(self.vs, key=self.vs.get)
+
 
 def policy_runs(data: dict) -> list[Run]:
     """The runs of a ``bench_policies.py`` result (paper or rare-heavy mixes)."""
@@ -64,10 +69,9 @@ def over_seeds(results: list[tuple[str, str, dict | None]]) -> str:
         if kind != "seeds" or data is None:
             continue
         runs = seed_totals(data)
-        closest = min(runs, key=lambda r: min(r.vs.values()))
-        base = min(closest.vs, key=closest.vs.get)
+        closest = min(runs, key=lambda r: r.vs[r.worst])
         clauses.append(f"{label.removeprefix('seed by seed, ')}: {len(runs) - len(misses(runs))} of {len(runs)} "
-                       f"mixes, the closest {closest.name} {times(closest.vs[base])} `{base}`")
+                       f"mixes, the closest {closest.name} {times(closest.vs[closest.worst])} `{closest.worst}`")
     return "; ".join(clauses)
 
 
@@ -83,9 +87,9 @@ def misses(runs: list[Run]) -> list[str]:
     """"run: 0.984x balance" for each run slower than a baseline, against the fastest baseline it lost to."""
     out = []
     for run in runs:
-        worst = min(run.vs, key=run.vs.get)
-        if run.vs[worst] < 1.0:
-            out.append(f"{run.name} {times(run.vs[worst])} `{worst}`" + ("" if run.current else " (earlier planner)"))
+        if run.vs[run.worst] < 1.0:
+            out.append(f"{run.name} {times(run.vs[run.worst])} `{run.worst}`"
+                       + ("" if run.current else " (earlier planner)"))
     return out
 
 

@@ -203,14 +203,14 @@ def test_the_scorecard_names_every_run_slower_than_a_baseline(monkeypatch) -> No
     sys.modules.pop("render", None)
 
 
-
 def test_the_scorecard_judges_each_seed_table_over_its_seeds_too(monkeypatch) -> None:
     """A seed lost by a little is a miss seed by seed but not over the seeds; one lost by much is a miss in both."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import render
     import scorecard
 
-    provenance = render.load("seeds-8b")["mixes"]["d1.4-s35"]["0"]["provenance"]
+    from blendserve.scheduling import PLANNER_REVISION
+
+    provenance = {"planner": PLANNER_REVISION}  # planned by this checkout: no "(earlier planner)" mark
 
     def table(first_s: float) -> dict:
         """Three seeds: blendserve runs ``first_s`` on seed 0 and 90 s on the others; fcfs 100 s, balance 101 s."""
@@ -228,4 +228,4 @@ def test_the_scorecard_judges_each_seed_table_over_its_seeds_too(monkeypatch) ->
     assert len(by_seed) == 1 and over == ["rare-1 (3 seeds) 0.968x `fcfs`"]
     clause = scorecard.over_seeds([("seed by seed, 8B, 40k", "seeds", table(130.0))])
     assert clause == "8B, 40k: 0 of 1 mixes, the closest rare-1 (3 seeds) 0.968x `fcfs`"
-    sys.modules.pop("render", None)
+    sys.modules.pop("scorecard", None)
