@@ -119,40 +119,30 @@ def estimate_outputs(
     observed = np.asarray(observed_lengths, dtype=np.float64)
     if observed.shape != sampled_idx.shape:
         raise ValueError(f"{len(observed)} observed lengths for {len(sampled_idx)} sampled requests")
+    enough = max(min_samples, 1)
     leaf_of_sample = tree.request_leaf[sampled_idx]
     order = np.argsort(leaf_of_sample, kind="stable")
     sample_leaf, sample_len = leaf_of_sample[order], observed[order]
-    count = np.searchsorted(sample_leaf, tree.hi) - np.searchsorted(sample_leaf, tree.lo)
-    source, kind = _resolve_sources(tree, count, max(min_samples, 1))
-    request_node = tree.parent[tree.n_internal + tree.request_leaf]  # nearest internal subtree of each request
-    req_source, req_kind = source[request_node], kind[request_node]
-    mean, high, std = _source_stats(tree, sample_leaf, sample_len, req_source, quantile)
-    fallback = default_output_estimates(batch).astype(np.float64)
-    none = req_source < 0
-    mean[none], high[none], std[none], req_kind[none] = fallback[none], fallback[none], 0.0, NO_SAMPLE
-    mixed = _mixed_sources(tree, sample_leaf, batch.group, sampled_idx[order], req_source)
+    mean, high, std, kind, source = _subtree_level(batch, tree, sample_leaf, sample_len, enough, quantile)
+    mixed = _mixed_sources(tree, sample_leaf, batch.group, sampled_idx[order], source)
     fine = strata(batch)
     grouped = strata(batch, prompt_buckets=False) + int(fine.max(initial=-1)) + 1  # one id space for both levels
-    stratum = _overlay_levels(fine, grouped, sampled_idx, observed, max(min_samples, 1), quantile,
-                              mean, high, std, req_kind, req_source, mixed)
-    _overlay_observed(tree, sample_leaf, sample_len, mean, high, std, req_kind, req_source)
-    known = batch.expected_output_tokens != UNKNOWN
-    mean[known] = high[known] = batch.expected_output_tokens[known]
-    std[known], req_kind[known], req_source[known] = 0.0, KNOWN, -1
+    stratum = _overlay_levels(fine, grouped, sampled_idx, observed, enough, quantile,
+                              mean, high, std, kind, source, mixed)
+    _overlay_observed(tree, sample_leaf, sample_len, mean, high, std, kind, source)
+    _overlay_known(batch, mean, high, std, kind, source)
     cap = np.maximum(batch.max_tokens.astype(np.int64), 1)
-    progress = np.zeros(len(sampled_idx)) if running is None else np.asarray(running, dtype=np.float64)
-    low = np.where(progress > 0, progress, observed)
-    top = np.where(progress > 0, np.maximum(cap[sampled_idx], progress), observed)
+    low, top = _sample_bounds(observed, running, cap[sampled_idx])
     # A sample stands in both levels: its own stratum's pool and its group's.
     pool_from, pool_to, pool_lo, pool_hi = _draw_ranges(
         tree, sample_leaf, (low[order], top[order]), np.r_[fine[sampled_idx], grouped[sampled_idx]],
-        (np.r_[low, low], np.r_[top, top]), stratum, req_kind, req_source)
+        (np.r_[low, low], np.r_[top, top]), stratum, kind, source)
     return Estimates(
         mean=np.clip(np.rint(mean).astype(np.int64), 1, cap),
         high=np.clip(np.ceil(high).astype(np.int64), 1, cap),
         std=std,
-        source_node=req_source,
-        kind=req_kind.astype(np.int8),
+        source_node=source,
+        kind=kind.astype(np.int8),
         quantile=float(quantile),
         min_samples=int(min_samples),
         pool_from=pool_from,
@@ -161,6 +151,39 @@ def estimate_outputs(
         pool_hi=pool_hi,
         cap=cap,
     )
+
+
+def _subtree_level(batch: RequestBatch, tree: PrefixTree, sample_leaf: np.ndarray, sample_len: np.ndarray,
+                   min_samples: int, quantile: float) -> tuple[np.ndarray, ...]:
+    """Mean, quantile, std, kind and source node of every request from its nearest well-sampled subtree (the
+    samples sorted by leaf); ``NO_SAMPLE`` and the default estimate where no subtree holds any sample."""
+    count = np.searchsorted(sample_leaf, tree.hi) - np.searchsorted(sample_leaf, tree.lo)
+    node_source, node_kind = _resolve_sources(tree, count, min_samples)
+    request_node = tree.parent[tree.n_internal + tree.request_leaf]  # nearest internal subtree of each request
+    source, kind = node_source[request_node], node_kind[request_node]
+    mean, high, std = _source_stats(tree, sample_leaf, sample_len, source, quantile)
+    fallback = default_output_estimates(batch).astype(np.float64)
+    none = source < 0
+    mean[none], high[none], std[none], kind[none] = fallback[none], fallback[none], 0.0, NO_SAMPLE
+    return mean, high, std, kind, source
+
+
+def _overlay_known(batch: RequestBatch, mean: np.ndarray, high: np.ndarray, std: np.ndarray, kind: np.ndarray,
+                   source: np.ndarray) -> None:
+    """A length the data states wins over every estimate."""
+    known = batch.expected_output_tokens != UNKNOWN
+    mean[known] = high[known] = batch.expected_output_tokens[known]
+    std[known], kind[known], source[known] = 0.0, KNOWN, -1
+
+
+def _sample_bounds(observed: np.ndarray, running: np.ndarray | None,
+                   cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's lengths to draw between: its observed one when it finished; from its progress to its cap
+    (``cap``, aligned with the samples) while it still runs."""
+    progress = np.zeros(len(observed)) if running is None else np.asarray(running, dtype=np.float64)
+    low = np.where(progress > 0, progress, observed)
+    top = np.where(progress > 0, np.maximum(cap, progress), observed)
+    return low, top
 
 
 def _draw_ranges(tree: PrefixTree, sample_leaf: np.ndarray, by_leaf: tuple[np.ndarray, np.ndarray],
