@@ -44,7 +44,8 @@ from common import (
     LENGTHS, SETUPS, earlier_result, img_path, lengths_suffix, load_mix, provenance, size_suffix, write_result,
 )
 from plots import policy_bars
-from tables import chose_label, summarize, times
+from page_parts import times
+from tables import chose_label, summarize
 
 POLICIES = ["fcfs", "balance", "density", "dfs", "blendserve-nosplit", "blendserve[static]", "blendserve[spread]",
             "blendserve"]

@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 IMG = REPO / "docs" / "img"
 # The code whose uncommitted changes move simulated numbers; provenance lists those files.
-NUMBERS_CODE = ["plugins/blendserve/" + p for p in ("planner", "scheduling", "sim", "costmodel", "sampling",
-                                                    "batch.py", "workload.py", "workload_sources.py")]
+NUMBERS_CODE = ["plugins/blendserve/" + p for p in ("planner", "scheduling", "sim", "costmodel", "sampling", "batch.py",
+                                                    "workload.py", "workload_solve.py", "workload_sources.py")]
 
 
 @dataclass(frozen=True)

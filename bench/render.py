@@ -15,10 +15,11 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from page_parts import is_current, times
 from scorecard import scorecard_section
 from tables import (
-    grid_section, is_current, peer_section, pipeline_section, planner_section, policies_section, rare_section,
-    sampling_section, seeds_section, simulator_section, summarize, times, timeline_section,
+    grid_section, peer_section, pipeline_section, planner_section, policies_section, rare_section,
+    sampling_section, seeds_section, simulator_section, summarize, timeline_section,
 )
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tables import SEED_BASELINES, _rows, is_current, seed_ratios, table, times
+from page_parts import is_current, table, times
+from tables import SEED_BASELINES, _rows, seed_ratios
 
 BASELINES = ("fcfs", "balance", "dfs")
 # What the issue asks of the paper mixes' mean at 40k requests (fraction of T_opt).

@@ -1,11 +1,14 @@
-"""Markdown for each bench's result file: its tables, figures and provenance line (used by render.py)."""
+"""Markdown for each bench's result file: its tables, figures and provenance line (used by render.py).
+The pieces every section shares are in page_parts.py."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from blendserve.scheduling import KNOWN_LENGTHS_REVISION, PLANNER_REVISION
 from blendserve.sim.compare import SHARING_COUNTS
+from page_parts import (
+    image, measured_by, planned_earlier, planned_earlier_note, planner_revision, provenance, table, times,
+)
 
 
 def summarize(mixes: list[dict], policies: list[str]) -> dict:
@@ -37,31 +40,6 @@ def restarts_counted(mixes: list[dict]) -> list[str]:
     return [m["mix"] for m in mixes if m.get("sharing_counts") != SHARING_COUNTS]
 
 
-def planner_revision(provenance: dict) -> int:
-    """The planner revision a run had (results written before revisions were stored: 0)."""
-    return int(provenance.get("planner", 0))
-
-
-def is_current(provenance: dict, hidden: bool) -> bool:
-    """Whether a run's planner revision orders as this checkout's would: ``PLANNER_REVISION`` with lengths
-    hidden, ``KNOWN_LENGTHS_REVISION`` with them known (no warm-up)."""
-    return planner_revision(provenance) >= (PLANNER_REVISION if hidden else KNOWN_LENGTHS_REVISION)
-
-
-def planned_earlier(mixes: list[dict], hidden: bool | None = None) -> list[str]:
-    """Mixes whose plans an earlier planner revision made: not what the planner does now (``is_current``). With
-    ``hidden`` None, a mix with a uniform ``max_tokens`` ran with lengths hidden."""
-    return [m["mix"] for m in mixes if not is_current(
-        m.get("provenance", {}), m.get("max_tokens") is not None if hidden is None else hidden)]
-
-
-def planned_earlier_note(mixes: list[dict], hidden: bool | None = None) -> str:
-    """A sentence naming the mixes an earlier planner revision planned, or nothing."""
-    old = planned_earlier(mixes, hidden)
-    return (f" Planned by an earlier planner revision than this checkout's ({PLANNER_REVISION}), not rerun since: "
-            f"{', '.join(old)}." if old else "")
-
-
 def sharing_label(mixes: list[dict]) -> str:
     """What the per-policy table's sharing counts, naming the mixes measured the older way."""
     old = restarts_counted(mixes)
@@ -70,30 +48,6 @@ def sharing_label(mixes: list[dict]) -> str:
     return ("Per policy: fraction of optimum / speed-up over dfs / prefix sharing (prompt tokens found cached at "
             f"each request's first start{before}) relative to dfs; in brackets, the candidate blendserve's choice "
             "picked, each plan's in turn where a shard planned again (`keep`: the re-plan kept the running order):")
-
-
-def provenance(data: dict) -> str:
-    """Machine, versions and the command, under every table."""
-    p = data["provenance"]
-    dirty = f", uncommitted: {', '.join(p['uncommitted'])}" if p["uncommitted"] else ""
-    return (f"<sub>Machine: {p['cpu']}, {p['cores']} cores, no GPU. Python {p['python']}, numpy {p['numpy']}, "
-            f"blendserve {p['commit']}{dirty}, planner revision {planner_revision(p)}. Run {p['date']}: "
-            f"`{p['command']}`</sub>")
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def times(ratio: float) -> str:
-    """A speed ratio to three decimals: the misses are within a few tenths of a percent, and "1.00x" hides them;
-    to four where three would round a miss up to "1.000x"."""
-    return f"{ratio:.4f}x" if 0.9995 <= ratio < 1.0 else f"{ratio:.3f}x"
-
-
-def image(name: str, alt: str) -> str:
-    return f"![{alt}](img/{name})"
 
 
 def _rows(mix: dict) -> dict[str, dict]:
@@ -382,17 +336,6 @@ def _peer_rounds(data: dict) -> str:
     if len(set(rounds.values())) == 1:
         return str(next(iter(rounds.values())))
     return ", ".join(f"{n} ({name})" for name, n in rounds.items())
-
-
-def measured_by(data: dict, entries: dict[str, dict], what: str) -> str:
-    """Which run measured each of ``entries`` (``what``: "Batches", "Mixes"), when they were not all measured by
-    the run the file's provenance names (benches that keep the parts a run did not measure)."""
-    runs = {name: e["provenance"] for name, e in entries.items() if "provenance" in e}
-    same = lambda p: (p["commit"], p["command"]) == (data["provenance"]["commit"], data["provenance"]["command"])  # noqa: E731
-    if all(same(p) for p in runs.values()):
-        return ""
-    return f"<sub>{what} measured by different runs: " + "; ".join(
-        f"{name}: blendserve {p['commit']}, {p['date']}, `{p['command']}`" for name, p in runs.items()) + ".</sub>"
 
 
 SEED_BASELINES = ("fcfs", "balance")  # what bench_seeds.py runs blendserve against

@@ -141,6 +141,82 @@ def mark_run_failed(context: dict) -> None:
     mark_failed(config)
 
 
+# The tasks, in run order; each calls one step of blendserve.pipeline.
+@task
+def ingest(params=None, run_id=None) -> dict:
+    from blendserve.pipeline.steps import ingest_step
+
+    with fail_fast():
+        return ingest_step(run_config(params, run_id))
+
+
+@task
+def validate_input(ingested: dict, params=None, run_id=None) -> dict:
+    from blendserve.pipeline.steps import validate_input_step
+
+    with fail_fast():
+        return validate_input_step(run_config(params, run_id))
+
+
+@task
+def plan(validated: dict, params=None, run_id=None) -> list[int]:
+    from blendserve.pipeline.steps import plan_step
+
+    with fail_fast():
+        return plan_step(run_config(params, run_id))
+
+
+@task(map_index_template="{{ shard_label }}", pool=INFER_POOL, queue=INFER_QUEUE)
+def infer(shard: int, params=None, run_id=None, ti=None) -> dict:
+    from airflow.sdk import get_current_context
+
+    from blendserve.pipeline.steps import infer_shard
+
+    get_current_context()["shard_label"] = f"shard {shard}"  # names the mapped task in the UI
+    with fail_fast():
+        return infer_shard(run_config(params, run_id, ti.try_number), shard)
+
+
+@task
+def load_outputs(shard_reports: list[dict], params=None, run_id=None) -> dict:
+    from blendserve.pipeline.steps import load_step
+
+    with fail_fast():
+        return load_step(run_config(params, run_id))
+
+
+@task
+def validate_outputs(loaded: dict, params=None, run_id=None) -> dict:
+    from blendserve.pipeline.steps import validate_outputs_step
+
+    with fail_fast():
+        return validate_outputs_step(run_config(params, run_id))
+
+
+@task
+def report(validated: dict, params=None, run_id=None) -> str:
+    from blendserve.pipeline.steps import explain_step, report_step
+
+    with fail_fast():
+        config = run_config(params, run_id)
+        explain_step(config)  # every policy's predicted time, in this task's log; the report compares against it
+        return report_step(config)  # the path is in the task log
+
+
+# The Asset event comes from the last task: every DuckDB write of the run (load_outputs, validate_outputs,
+# report's predictions) is over, so blendserve_export never meets this run's writer.
+@task(outlets=[OUTPUTS])
+def summary(report_path: str, params=None, run_id=None, outlet_events=None) -> dict:
+    from blendserve.pipeline.steps import summary as run_summary
+
+    with fail_fast():
+        config = run_config(params, run_id)
+        result = {**run_summary(config), "report": report_path}
+    outlet_events[OUTPUTS].extra = {"db": config.db, "run_id": config.run_id}  # for the export DAG
+    print(result)  # lands in the task log
+    return result
+
+
 @dag(
     dag_id="blendserve_batch",
     schedule=None,  # runs come from the UI, the REST API and the blendserve_inbox DAG
@@ -154,73 +230,6 @@ def mark_run_failed(context: dict) -> None:
                   "on_failure_callback": mark_run_failed},
 )
 def blendserve_batch():
-    @task
-    def ingest(params=None, run_id=None) -> dict:
-        from blendserve.pipeline.steps import ingest_step
-
-        with fail_fast():
-            return ingest_step(run_config(params, run_id))
-
-    @task
-    def validate_input(ingested: dict, params=None, run_id=None) -> dict:
-        from blendserve.pipeline.steps import validate_input_step
-
-        with fail_fast():
-            return validate_input_step(run_config(params, run_id))
-
-    @task
-    def plan(validated: dict, params=None, run_id=None) -> list[int]:
-        from blendserve.pipeline.steps import plan_step
-
-        with fail_fast():
-            return plan_step(run_config(params, run_id))
-
-    @task(map_index_template="{{ shard_label }}", pool=INFER_POOL, queue=INFER_QUEUE)
-    def infer(shard: int, params=None, run_id=None, ti=None) -> dict:
-        from airflow.sdk import get_current_context
-
-        from blendserve.pipeline.steps import infer_shard
-
-        get_current_context()["shard_label"] = f"shard {shard}"  # names the mapped task in the UI
-        with fail_fast():
-            return infer_shard(run_config(params, run_id, ti.try_number), shard)
-
-    @task
-    def load_outputs(shard_reports: list[dict], params=None, run_id=None) -> dict:
-        from blendserve.pipeline.steps import load_step
-
-        with fail_fast():
-            return load_step(run_config(params, run_id))
-
-    @task
-    def validate_outputs(loaded: dict, params=None, run_id=None) -> dict:
-        from blendserve.pipeline.steps import validate_outputs_step
-
-        with fail_fast():
-            return validate_outputs_step(run_config(params, run_id))
-
-    @task
-    def report(validated: dict, params=None, run_id=None) -> str:
-        from blendserve.pipeline.steps import explain_step, report_step
-
-        with fail_fast():
-            config = run_config(params, run_id)
-            explain_step(config)  # every policy's predicted time, in this task's log; the report compares against it
-            return report_step(config)  # the path is in the task log
-
-    # The Asset event comes from the last task: every DuckDB write of the run (load_outputs, validate_outputs,
-    # report's predictions) is over, so blendserve_export never meets this run's writer.
-    @task(outlets=[OUTPUTS])
-    def summary(report_path: str, params=None, run_id=None, outlet_events=None) -> dict:
-        from blendserve.pipeline.steps import summary as run_summary
-
-        with fail_fast():
-            config = run_config(params, run_id)
-            result = {**run_summary(config), "report": report_path}
-        outlet_events[OUTPUTS].extra = {"db": config.db, "run_id": config.run_id}  # for the export DAG
-        print(result)  # lands in the task log
-        return result
-
     shards = plan(validate_input(ingest()))
     summary(report(validate_outputs(load_outputs(infer.expand(shard=shards)))))
 

@@ -56,6 +56,7 @@ def test_a_full_size_batch_run_alone_joins_the_stored_ones(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(BENCH))
     import bench_peer
     import common
+    import page_parts
     import tables
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
@@ -73,7 +74,7 @@ def test_a_full_size_batch_run_alone_joins_the_stored_ones(tmp_path, monkeypatch
     assert merged["batches"]["locality"]["requests"] == 360  # measured now: replaces the stored one
     assert merged["batches"]["mixed"] == {"requests": 440, "provenance": earlier_run, "rounds": 3}
     assert tables._peer_rounds({**merged, "provenance": now_run}) == "3 (mixed), 1 (locality)"
-    assert "mixed: blendserve old" in tables.measured_by({**merged, "provenance": now_run}, merged["batches"], "Batches")
+    assert "mixed: blendserve old" in page_parts.measured_by({**merged, "provenance": now_run}, merged["batches"], "Batches")
     other = {**data, "settings": {**settings, "max_num_seqs": 8}}  # other settings: nothing is kept
     assert list(bench_peer.with_earlier("peer-full", other)["batches"]) == ["locality"]
 

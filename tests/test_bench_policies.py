@@ -17,7 +17,7 @@ def test_a_mix_run_alone_joins_the_stored_ones_of_the_same_settings(tmp_path, mo
     monkeypatch.syspath_prepend(str(BENCH))
     import bench_policies
     import common
-    import tables
+    import page_parts
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     settings = {"setup": "8B", "requests": 400_000, "lengths": "hidden", "estimates": "warm-up",
@@ -35,9 +35,9 @@ def test_a_mix_run_alone_joins_the_stored_ones_of_the_same_settings(tmp_path, mo
     assert [(m["mix"], m["t_opt_s"]) for m in merged["mixes"]] == [("d1.4-s35", 3.0), ("d1.4-s5", 4.0),
                                                                   ("d0.9-s5", 2.0)]
     assert merged["mixes"][2]["provenance"] == earlier
-    runs = tables.measured_by({**merged, "provenance": now}, {m["mix"]: m for m in merged["mixes"]}, "Mixes")
+    runs = page_parts.measured_by({**merged, "provenance": now}, {m["mix"]: m for m in merged["mixes"]}, "Mixes")
     assert "d0.9-s5: blendserve old" in runs and "d1.4-s5: blendserve new" in runs
-    assert tables.measured_by({**data, "provenance": now}, {m["mix"]: m for m in data["mixes"]}, "Mixes") == ""
+    assert page_parts.measured_by({**data, "provenance": now}, {m["mix"]: m for m in data["mixes"]}, "Mixes") == ""
 
     for other in ({"requests": 40_000}, {"lengths": "known"}, {"policies": ["fcfs"]}):  # nothing is kept
         assert [m["mix"] for m in bench_policies.with_earlier("policies-8b-400k", {**data, **other})["mixes"]] \

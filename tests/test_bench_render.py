@@ -84,6 +84,7 @@ def test_an_earlier_planners_mixes_are_marked_until_rerun(monkeypatch) -> None:
     """A mix planned by an earlier planner revision is not what blendserve does now: its table names it and the
     headline marks blendserve's figures, until a run at this revision replaces it."""
     monkeypatch.syspath_prepend(str(BENCH))
+    import page_parts
     import render
     import tables
     from blendserve.scheduling import PLANNER_REVISION
@@ -96,7 +97,7 @@ def test_an_earlier_planners_mixes_are_marked_until_rerun(monkeypatch) -> None:
 
     old, new = at(PLANNER_REVISION - 1), at(PLANNER_REVISION)
     names = [m["mix"] for m in stored["mixes"]]
-    assert tables.planned_earlier(old["mixes"]) == names and tables.planned_earlier(new["mixes"]) == []
+    assert page_parts.planned_earlier(old["mixes"]) == names and page_parts.planned_earlier(new["mixes"]) == []
     assert all(name in tables.policies_section(old).split("not rerun since:")[1] for name in names)
     assert "not rerun since" not in tables.policies_section(new)
     for row in ("blendserve, % of optimum", "blendserve prefix sharing", "dfs order, % of optimum"):
@@ -170,7 +171,7 @@ def test_a_revision_that_changed_only_the_warm_up_leaves_known_length_figures_cu
     """Known-length runs plan once with no warm-up: revision 4 (the plan made beside the engine) does not change
     them, while a hidden-length mix planned at 3 is marked as an earlier planner's."""
     monkeypatch.syspath_prepend(str(BENCH))
-    import tables
+    import page_parts
     from blendserve.scheduling import KNOWN_LENGTHS_REVISION, PLANNER_REVISION
 
     assert KNOWN_LENGTHS_REVISION < PLANNER_REVISION
@@ -178,7 +179,7 @@ def test_a_revision_that_changed_only_the_warm_up_leaves_known_length_figures_cu
     mixes = [{"mix": "hidden", "max_tokens": 32_768, "provenance": at},
              {"mix": "known", "max_tokens": None, "provenance": at},
              {"mix": "older", "max_tokens": None, "provenance": {"planner": KNOWN_LENGTHS_REVISION - 1}}]
-    assert tables.planned_earlier(mixes) == ["hidden", "older"]
+    assert page_parts.planned_earlier(mixes) == ["hidden", "older"]
 
 
 def test_the_scorecard_names_every_run_slower_than_a_baseline(monkeypatch) -> None:

@@ -76,7 +76,7 @@ def test_azure_code_trace_density_is_about_33() -> None:
 
 
 def _mmlu_density(output_tokens: int, shared: bool = True) -> float:
-    from blendserve.workload import prefix_lengths
+    from blendserve.workload_solve import prefix_lengths
     from blendserve.workload_sources import load_mmlu
 
     pool = load_mmlu(DATA, output_tokens=output_tokens)
