@@ -55,6 +55,7 @@ from blendserve.config import RunConfig
 from blendserve.costmodel.profiles import load_profile
 from blendserve.engines.vllm_engine import configure_cpu_env
 from blendserve.model_prep import ensure_model_dir
+from blendserve.pipeline import database
 from common import REPO, earlier_result, provenance, write_result
 from peer_airflow import LiveAirflow
 
@@ -193,18 +194,10 @@ def run_blendserve(batch: Path, work: Path, s: Settings) -> SystemRun:
 
 def from_duckdb(system: str, db: Path, run_id: str, wall: float, summary: dict) -> SystemRun:
     """A blendserve run's answers and tokens from its DuckDB table ``outputs``."""
-    import duckdb
-
-    for attempt in range(60):  # a process still closing the file (an Airflow task) holds its lock a moment
-        try:
-            with duckdb.connect(str(db), read_only=True) as con:
-                rows = con.execute("SELECT request_id, text, num_prompt_tokens, num_output_tokens, status "
-                                   "FROM outputs WHERE run_id = ?", [run_id]).fetchall()
-            break
-        except duckdb.IOException:
-            if attempt == 59:
-                raise
-            time.sleep(2)
+    # a process still closing the file (an Airflow task) holds its lock a moment: connect waits for it
+    with database.connect(db, read_only=True, wait_s=120) as con:
+        rows = con.execute("SELECT request_id, text, num_prompt_tokens, num_output_tokens, status "
+                           "FROM outputs WHERE run_id = ?", [run_id]).fetchall()
     prompt = sum(r[2] or 0 for r in rows)
     output = sum(r[3] or 0 for r in rows)
     return SystemRun(system, "", 0, wall, len(rows), sum(1 for r in rows if r[4] == 'error'), prompt, output,

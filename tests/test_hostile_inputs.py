@@ -285,6 +285,20 @@ def test_a_writer_gets_the_file_once_the_holder_lets_go(tmp_path: Path):
     assert holder.wait() == 0
 
 
+def test_a_report_read_waits_for_a_writer_too(tmp_path: Path, make_config):
+    """The report step reads the file read-only; DuckDB refuses that too while another process writes."""
+    from blendserve.report.data import load_run
+
+    (tmp_path / "in.jsonl").write_text(GOOD)
+    config = make_config(input=str(tmp_path / "in.jsonl"), engine="simulator", explain=False, sample_rate=0)
+    run_pipeline(config)
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(config.db)!r}); "
+                               "print('held', flush=True); time.sleep(2)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    assert load_run(config.db, config.run_id).totals["requests"] == 1  # read once the holder exits after 2 s
+    assert holder.wait() == 0
+
+
 def test_two_cli_runs_at_once_on_one_db_get_their_own_ids_and_outputs(tmp_path: Path):
     """Default run ids carry milliseconds and a random suffix; the second writer waits for the first."""
     inputs = []

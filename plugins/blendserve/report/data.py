@@ -9,6 +9,8 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
+from blendserve.pipeline import database
+
 
 @dataclass
 class RunData:
@@ -29,7 +31,7 @@ class RunData:
 
 
 def load_run(db: str | Path, run_id: str) -> RunData:
-    with duckdb.connect(str(db), read_only=True) as con:
+    with database.connect(db, read_only=True) as con:  # waits while a writer holds the file
         # timestamps as text: fetching TIMESTAMPTZ into Python needs pytz, which the stack does not ship
         cursor = con.execute("""SELECT config_json, input, engine, policy, status, started_at::VARCHAR AS started_at,
                                        finished_at::VARCHAR AS finished_at FROM runs WHERE run_id = ?""", [run_id])
