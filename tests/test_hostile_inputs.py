@@ -31,6 +31,7 @@ from blendserve.ingest import ingest
 from blendserve.ingest.normalize import Limits
 from blendserve.pipeline import database
 from blendserve.pipeline.steps import run_pipeline
+from blendserve.report.data import load_run
 from conftest import run_cli, subprocess_env
 
 GOOD = json.dumps({"custom_id": "good", "prompt": "Name a colour.", "max_tokens": 4}) + "\n"
@@ -258,12 +259,23 @@ def test_cli_verbose_shows_the_traceback(tmp_path: Path):
     assert result.returncode != 0 and "Traceback" in result.stderr and "no input files match" in result.stderr
 
 
-def test_a_second_writer_waits_then_names_the_holder(tmp_path: Path):
-    db = tmp_path / "held.duckdb"
+def hold_db(db: Path, seconds: int) -> subprocess.Popen:
+    """Another process holding ``db`` (DuckDB's write lock) for ``seconds``, returned once it has the lock."""
     holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(db)!r}); "
-                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+                               f"print('held', flush=True); time.sleep({seconds})"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
+    except BaseException:
+        holder.kill()
+        holder.wait()
+        raise
+    return holder
+
+
+def test_a_second_writer_waits_then_names_the_holder(tmp_path: Path):
+    db = tmp_path / "held.duckdb"
+    holder = hold_db(db, 60)
+    try:
         started = time.monotonic()
         with pytest.raises(database.DatabaseLocked) as err:
             database.connect(db, wait_s=1.5)
@@ -277,9 +289,7 @@ def test_a_second_writer_waits_then_names_the_holder(tmp_path: Path):
 
 def test_a_writer_gets_the_file_once_the_holder_lets_go(tmp_path: Path):
     db = tmp_path / "held.duckdb"
-    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(db)!r}); "
-                               "print('held', flush=True); time.sleep(2)"], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
+    holder = hold_db(db, 2)
     with database.connect(db, wait_s=60) as con:  # the holder exits after 2 s
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
     assert holder.wait() == 0
@@ -287,14 +297,10 @@ def test_a_writer_gets_the_file_once_the_holder_lets_go(tmp_path: Path):
 
 def test_a_report_read_waits_for_a_writer_too(tmp_path: Path, make_config):
     """The report step reads the file read-only; DuckDB refuses that too while another process writes."""
-    from blendserve.report.data import load_run
-
     (tmp_path / "in.jsonl").write_text(GOOD)
     config = make_config(input=str(tmp_path / "in.jsonl"), engine="simulator", explain=False, sample_rate=0)
     run_pipeline(config)
-    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(config.db)!r}); "
-                               "print('held', flush=True); time.sleep(2)"], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
+    holder = hold_db(config.db, 2)
     assert load_run(config.db, config.run_id).totals["requests"] == 1  # read once the holder exits after 2 s
     assert holder.wait() == 0
 
