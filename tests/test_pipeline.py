@@ -4,6 +4,7 @@ request, re-runs never duplicate, a crashed shard resumes where it stopped."""
 from __future__ import annotations
 
 import json
+import os
 
 import duckdb
 import pytest
@@ -114,3 +115,20 @@ def test_cli_run_starts_the_engine_while_ingest_and_plan_run(tmp_path):
     assert len(ids) == len(set(ids)) == summary["requests"] == 28
     with duckdb.connect(str(tmp_path / "out.duckdb"), read_only=True) as con:
         assert con.execute("SELECT status FROM runs WHERE run_id = 'overlap'").fetchone()[0] == "finished"
+
+
+def test_cli_run_waits_for_the_child_that_ran_the_steps(tmp_path):
+    """The child that ran ingest and the plan beside the engine's start is joined before the CLI exits. Left
+    to interpreter exit, its pool's queues made multiprocessing warn of leaked semaphores whenever the child
+    was still exiting as the run ended; here it takes 5 s to exit (a ``sitecustomize`` for spawned children)."""
+    from conftest import FIXTURES, REPO, run_cli
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        'import atexit, sys, time\nif "--multiprocessing-fork" in sys.argv:\n    atexit.register(time.sleep, 5)\n')
+    result = run_cli("run", "--engine", "simulator", "--input", str(FIXTURES / "mini.jsonl"), "--db",
+                     str(tmp_path / "out.duckdb"), "--sample-rate", "0", "--no-explain", "--json", timeout=300,
+                     PYTHONPATH=os.pathsep.join([str(REPO / "plugins"), str(tmp_path / "site")]))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["requests"] == 28
+    assert "leaked" not in result.stderr and "resource_tracker" not in result.stderr, result.stderr[-2000:]

@@ -13,6 +13,7 @@ import json
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
@@ -42,6 +43,8 @@ from blendserve.validation import check_outputs, check_requests, raise_on_failur
 
 log = logging.getLogger(__name__)
 CHILD_NICENESS = 10  # of the process that runs ingest, validation and the plan beside the engine's start
+# Exits of the children that ran the steps beside the engine's start, joined at the run's end (``_join_children``)
+_CHILD_EXITS: list[threading.Thread] = []
 ADMITTED_FILE = "admitted.parquet"  # per shard: the order its requests were admitted in (the order that ran)
 
 
@@ -321,8 +324,17 @@ def _beside_engine_start(config: RunConfig, fn, *args):  # type: ignore[no-untyp
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)  # the child's steps end before the run is marked failed
         raise
-    pool.shutdown(wait=False)  # the child's exit (seconds, with its imports) need not hold up inference
+    # The child's exit (seconds, with its imports) need not hold up inference, but the run waits for it at its
+    # end: a pool left to interpreter exit keeps its queues' semaphores, and multiprocessing warns of them
+    exiting = threading.Thread(target=pool.shutdown, name="steps-child-exit")
+    exiting.start()
+    _CHILD_EXITS.append(exiting)
     return value
+
+
+def _join_children() -> None:
+    while _CHILD_EXITS:
+        _CHILD_EXITS.pop().join()
 
 
 def _background_child(verbose: bool) -> None:
@@ -358,3 +370,4 @@ def _run_steps(config: RunConfig, overlap: bool) -> dict:
         return {**summary(config), "report": report, "stages": stages.seconds}
     finally:
         join_closing()
+        _join_children()
