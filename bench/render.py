@@ -90,13 +90,13 @@ RARE_RESULTS = [
 RARE_COMMAND = ("bench/bench_policies.py --setup 8b --requests {n} --mixes rare-0.3 rare-1 shared-sys "
                 "--policies fcfs balance dfs blendserve --out")
 
-# One table's seed beside others (bench_seeds.py): (result file, its setup, its size in requests, the setup's
-# label in the scorecard, section title).
+# One table's seed beside others (bench_seeds.py): (result file, its size in requests, the setup's label in the
+# scorecard, section title). The setup is the file name's second part, as in the policies results.
 SEED_RESULTS = [
-    ("seeds-8b", "8b", 40_000, "8B, 1 GPU", "Seed by seed at 40k requests: Llama-3.1-8B on one A100-80G"),
-    ("seeds-70b", "70b", 40_000, "70B, 8 GPUs TP 8",
+    ("seeds-8b", 40_000, "8B, 1 GPU", "Seed by seed at 40k requests: Llama-3.1-8B on one A100-80G"),
+    ("seeds-70b", 40_000, "70B, 8 GPUs TP 8",
      "Seed by seed at 40k requests: Llama-3.1-70B on 8 A100-80G, tensor parallel"),
-    ("seeds-8b-20k", "8b", 20_000, "8B, 1 GPU", "Seed by seed at 20k requests: Llama-3.1-8B on one A100-80G"),
+    ("seeds-8b-20k", 20_000, "8B, 1 GPU", "Seed by seed at 20k requests: Llama-3.1-8B on one A100-80G"),
 ]
 SEED_COMMAND = "bench/bench_seeds.py --setup {setup} --requests {n} --mixes <mixes> --seeds 0 1 2 --out"
 
@@ -205,7 +205,7 @@ def scorecard() -> str:
     results = [(f"paper mixes, {setup}, {data['requests'] // 1000}k", "policies", data)
                for name, setup, _ in POLICY_RESULTS if (data := load(name)) is not None]
     results += [(f"rare-heavy mixes, 8B, 1 GPU, {n // 1000}k", "policies", load(name)) for name, n, _ in RARE_RESULTS]
-    results += [(f"seed by seed, {label}, {n // 1000}k", "seeds", load(name)) for name, _, n, label, _ in SEED_RESULTS]
+    results += [(f"seed by seed, {label}, {n // 1000}k", "seeds", load(name)) for name, n, label, _ in SEED_RESULTS]
     grid = load("grid")
     if grid is not None:
         results.append((f"sensitivity grid, {grid['requests'] // 1000}k a cell", "grid", grid))
@@ -233,8 +233,8 @@ def render() -> str:
         *(part for both in policies for part in both),
         *(part for name, n, title in RARE_RESULTS
           for part in pair(title, name, rare_section, RARE_COMMAND.format(n=n))),
-        *(section(title, name, seeds_section, SEED_COMMAND.format(setup=setup, n=n))
-          for name, setup, n, _, title in SEED_RESULTS),
+        *(section(title, name, seeds_section, SEED_COMMAND.format(setup=name.split("-")[1], n=n))
+          for name, n, _, title in SEED_RESULTS),
         *pair("Utilization over time at the paper's size (its Figure 10)", "timeline-400k", timeline_section,
               "bench/bench_timeline.py --requests 400000 --out"),
         *pair("Utilization over time at 40k requests", "timeline", timeline_section,
