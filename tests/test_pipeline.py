@@ -121,14 +121,14 @@ def test_cli_run_waits_for_the_child_that_ran_the_steps(tmp_path):
     """The child that ran ingest and the plan beside the engine's start is joined before the CLI exits. Left
     to interpreter exit, its pool's queues made multiprocessing warn of leaked semaphores whenever the child
     was still exiting as the run ended; here it takes 5 s to exit (a ``sitecustomize`` for spawned children)."""
-    from conftest import FIXTURES, REPO, run_cli
+    from conftest import FIXTURES, run_cli, subprocess_env
 
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(
         'import atexit, sys, time\nif "--multiprocessing-fork" in sys.argv:\n    atexit.register(time.sleep, 5)\n')
     result = run_cli("run", "--engine", "simulator", "--input", str(FIXTURES / "mini.jsonl"), "--db",
                      str(tmp_path / "out.duckdb"), "--sample-rate", "0", "--no-explain", "--json", timeout=300,
-                     PYTHONPATH=os.pathsep.join([str(REPO / "plugins"), str(tmp_path / "site")]))
+                     PYTHONPATH=os.pathsep.join([subprocess_env()["PYTHONPATH"], str(tmp_path / "site")]))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["requests"] == 28
     assert "leaked" not in result.stderr and "resource_tracker" not in result.stderr, result.stderr[-2000:]
