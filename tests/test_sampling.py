@@ -457,7 +457,7 @@ def test_a_replan_that_keeps_the_running_plan_admits_what_it_would_have(monkeypa
     told: list[str | None] = []  # the running candidate each re-plan was told
     real_replan = choice.pick_replan
 
-    def replan(times, gain=choice.REPLAN_GAIN, running=None):  # type: ignore[no-untyped-def]
+    def replan(times, gain=choice.CLEAR_GAIN, running=None):  # type: ignore[no-untyped-def]
         told.append(running)
         return real_replan(times, gain, running)
 

@@ -208,6 +208,21 @@ def test_over_draws_a_blend_is_kept_unless_another_is_faster_on_every_draw() -> 
     assert pick({"deadline-1": (100.0,), "balance": (90.0,)}, prefer={"deadline-1"}) == "balance"
 
 
+def test_on_known_lengths_a_baseline_is_picked_only_when_clearly_faster() -> None:
+    from blendserve.scheduling.choice import BASELINES, CLEAR_GAIN
+
+    assert BASELINES == {"fcfs", "balance"}
+    close = 100.0 * (1.0 - CLEAR_GAIN / 2)  # ahead, but within what the prediction misses
+    clear = 100.0 * (1.0 - 2 * CLEAR_GAIN)
+    own = {"deadline-1": (100.0,), "static": (100.5,), "dual-scan": (101.0,)}
+    assert pick({**own, "fcfs": (close,), "balance": (close + 0.1,)}) == "deadline-1"
+    assert pick({**own, "fcfs": (clear,), "balance": (close,)}) == "fcfs"
+    # The rule guards the baselines only: blendserve's own fastest candidate is taken by any lead.
+    assert pick({**own, "static": (close,), "fcfs": (100.2,)}) == "static"
+    # Over draws nothing changes: a baseline narrowly faster on every draw still beats the preferred blend.
+    assert pick({"deadline-1": (100.0, 110.0), "fcfs": (99.9, 109.9)}, prefer={"deadline-1"}) == "fcfs"
+
+
 def test_blendserve_keeps_the_blends_on_drawn_lengths_unless_beaten_on_every_draw() -> None:
     batch, estimates, _, _ = _job(600, 8)
     known = make_controller("blendserve", PolicyContext(batch, estimates, COST, 60_000)).choice  # type: ignore[attr-defined]

@@ -27,6 +27,12 @@ The tree side (prefix tree, sort and split, groups, shards, scan items) is ``ble
 # 5 (2026-12-06): the rest is planned again once half the shard has started (``warmup.REPLAN_AT``), the running
 #   plan kept unless another is predicted 1% faster (``choice.pick_replan``).
 # 6 (2026-12-07): a re-plan whose pick is the running plan's own candidate, re-made, keeps the running plan.
-PLANNER_REVISION = 6
-# The last revision that changed a known-length run's order: those runs plan once, with no warm-up.
+# 7 (2026-12-07): on one scenario (known lengths) a baseline is picked only if predicted ``choice.CLEAR_GAIN``
+#   ahead of blendserve's own candidates. A hidden-length plan picks on three draws: unchanged.
+PLANNER_REVISION = 7
+# The last revision that changed a hidden-length run's order.
+HIDDEN_LENGTHS_REVISION = 6
+# The last revision that changed a known-length run's order (they plan once, with no warm-up), and the one
+# that changed it where the pick was a baseline (``choice.BASELINES``): those runs alone moved at 7.
 KNOWN_LENGTHS_REVISION = 3
+BASELINE_PICK_REVISION = 7

@@ -7,10 +7,11 @@ planner cannot see true lengths, but it has the cost model, the simulator
 and its own estimates, so ``blendserve`` builds every candidate
 (``first_candidates``, then ``deadline_candidates``) over the same scan items, simulates each on the estimates
 (known lengths exact, the rest the warm-up sampler's draws) and runs the one
-predicted fastest; on drawn lengths a stratified blend unless another
-candidate is faster on every draw (``pick``). A re-plan (``warmup.REPLAN_AT``) also offers the plan running
-now (``KEEP``) and keeps it unless another is predicted clearly faster
-(``pick_replan``). Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
+predicted fastest: on drawn lengths a stratified blend unless another
+candidate is faster on every draw, on known lengths a baseline only if it is
+clearly faster (``pick``). A re-plan (``warmup.REPLAN_AT``) also offers the
+plan running now (``KEEP``) and keeps it unless another is predicted clearly
+faster (``pick_replan``). Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
 a random subsample (the same for every candidate); why the sample must be
 that large, and what the choice costs, is measured in docs/PLANNER_NOTES.md
 ("model-predictive choice and the stratified blend").
@@ -86,18 +87,35 @@ class Choice:
         return Choice(pick(times, prefer), self.sample, {**self.steps, **other.steps}, times)
 
 
+# The input order and a random one: what blendserve must never lose to, offered among its candidates.
+BASELINES = frozenset({"fcfs", "balance"})
+# A lead the prediction can be trusted with. A re-plan switches from ``KEEP``, and a pick on known lengths
+# takes a baseline, only if that candidate is predicted this much faster; a smaller lead is within what the
+# prediction misses. At 40k (8B, rare-1 seed 1) a re-plan's lead of 0.85% (faster on all three draws) ran 0.2%
+# slower; leads of 1.5-5.7% ran 1.1-2.1% faster (docs/PLANNER_NOTES.md, twenty-second).
+CLEAR_GAIN = 0.01
+
+
 def pick(scenario_s: dict[str, tuple[float, ...]], prefer: Collection[str] = ()) -> str:
     """The candidate with the shortest mean time; over several scenarios, the fastest of ``prefer`` unless
-    another candidate is faster on every scenario (the first one on ties).
+    another candidate is faster on every scenario (the first one on ties); on one scenario (known lengths),
+    the fastest unless it is a baseline (``BASELINES``) less than ``CLEAR_GAIN`` ahead of the fastest other.
 
     Over draws of uncertain lengths, candidates whose means differ by less than the draws' spread are a
     coin toss: on the 8B d1.4-s5 mix (20k, lengths hidden) a random order was predicted 0.2% ahead of
-    the blends and ran 5.5% behind them on the rest's true lengths (docs/PLANNER_NOTES.md).
+    the blends and ran 5.5% behind them on the rest's true lengths (docs/PLANNER_NOTES.md). On known
+    lengths the baselines are there to be taken when clearly faster: the 70B 400k d0.9-s5 job's input order,
+    predicted 0.13% ahead of deadline-1, ran 0.05% ahead and gave up a third of its prefix sharing
+    (docs/PLANNER_NOTES.md, twenty-ninth).
     """
     mean = {name: float(np.mean(t)) for name, t in scenario_s.items()}
     fastest = min(mean, key=mean.get)
+    if max(len(t) for t in scenario_s.values()) < 2:
+        own = [name for name in mean if name not in BASELINES]
+        best_own = min(own, key=mean.get) if own else fastest
+        return fastest if mean[fastest] < (1.0 - CLEAR_GAIN) * mean[best_own] else best_own
     favoured = [name for name in mean if name in prefer]
-    if not favoured or max(len(t) for t in scenario_s.values()) < 2:
+    if not favoured:
         return fastest
     best = min(favoured, key=mean.get)
     beats = [name for name in mean if name not in prefer
@@ -186,14 +204,9 @@ def deadline_name(factor: float) -> str:
 BLENDS = frozenset({SPREAD, *map(deadline_name, DEADLINES)})
 # A re-plan's candidate: the plan running now, over the rest (``PolicyContext.keep_order``).
 KEEP = "keep"
-# A re-plan switches from ``KEEP`` to the candidate ``pick`` prefers only if that one is predicted this much
-# faster on the draws' mean: a smaller lead is within what the prediction misses. At 40k (8B, rare-1 seed 1)
-# a lead of 0.85% (faster on all three draws) ran 0.2% slower; leads of 1.5-5.7% ran 1.1-2.1% faster
-# (docs/PLANNER_NOTES.md, twenty-second).
-REPLAN_GAIN = 0.01
 
 
-def pick_replan(scenario_s: dict[str, tuple[float, ...]], gain: float = REPLAN_GAIN, running: str | None = None) -> str:
+def pick_replan(scenario_s: dict[str, tuple[float, ...]], gain: float = CLEAR_GAIN, running: str | None = None) -> str:
     """A re-plan's pick: ``KEEP`` unless the candidate ``pick`` prefers among the others is faster by ``gain``
     on the scenarios' mean and is not ``running``, the candidate the running plan was made from.
 
@@ -239,7 +252,7 @@ def first_candidates(context: PolicyContext, items: ScanItems, cuts: np.ndarray)
     # Never picked in the recorded choices, but the warm-up bench's runs do pick it (docs/PLANNER_NOTES.md).
     first["static"] = lambda sub, kept: StaticOrder(sub.requests[static_dual_scan_order(sub)[0]])
     first[SPREAD] = _spread_candidate(spread_keys(items, cuts, lead=SPREAD_LEAD))
-    # The input order and a random one, as the items list them: what blendserve must never lose to.
+    # The input order and a random one, as the items list them (``BASELINES``).
     first["fcfs"] = lambda sub, kept: StaticOrder(np.sort(sub.requests))
     first["balance"] = lambda sub, kept: StaticOrder(sub.requests[np.random.default_rng(context.seed).permutation(
         len(sub.requests))])

@@ -61,7 +61,7 @@ MAX_BEFORE_PLAN = 0.25
 # is one more plan made beside the engine (the old plan runs meanwhile, and the simulator charges its time).
 # Switching whenever the choice preferred another order ran the 8B 20k mixes 1% faster on average, but 40k
 # rare-1 0.3% slower on each of three seeds (docs/PLANNER_NOTES.md, nineteenth); keeping the running plan unless
-# another is predicted 1% faster (``choice.REPLAN_GAIN``) keeps most of the gains and no such loss (twenty-second).
+# another is predicted 1% faster (``choice.CLEAR_GAIN``) keeps most of the gains and no such loss (twenty-second).
 # ``bench_seeds.py --replan-at`` tries others. The trigger it replaces, a move of the rest's estimated output,
 # was slower still (the tenth section).
 REPLAN_AT: tuple[float, ...] = (0.5,)
