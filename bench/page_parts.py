@@ -3,7 +3,9 @@ which run, machine and planner revision made a result (used by tables.py, scorec
 
 from __future__ import annotations
 
-from blendserve.scheduling import KNOWN_LENGTHS_REVISION, PLANNER_REVISION
+from blendserve.scheduling import (BASELINE_PICK_REVISION, HIDDEN_LENGTHS_REVISION, KNOWN_LENGTHS_REVISION,
+                                   PLANNER_REVISION)
+from blendserve.scheduling.choice import BASELINES
 
 
 def planner_revision(provenance: dict) -> int:
@@ -11,17 +13,26 @@ def planner_revision(provenance: dict) -> int:
     return int(provenance.get("planner", 0))
 
 
-def is_current(provenance: dict, hidden: bool) -> bool:
-    """Whether a run's planner revision orders as this checkout's would: ``PLANNER_REVISION`` with lengths
-    hidden, ``KNOWN_LENGTHS_REVISION`` with them known (no warm-up)."""
-    return planner_revision(provenance) >= (PLANNER_REVISION if hidden else KNOWN_LENGTHS_REVISION)
+def is_current(provenance: dict, hidden: bool, chosen: str | None = None) -> bool:
+    """Whether a run's planner revision orders as this checkout's would: ``HIDDEN_LENGTHS_REVISION`` with lengths
+    hidden; with them known (no warm-up), ``KNOWN_LENGTHS_REVISION``, or ``BASELINE_PICK_REVISION`` where the
+    run ``chosen`` a baseline (the one change since that known-length runs see)."""
+    revision = planner_revision(provenance)
+    if hidden:
+        return revision >= HIDDEN_LENGTHS_REVISION
+    return revision >= (BASELINE_PICK_REVISION if chosen in BASELINES else KNOWN_LENGTHS_REVISION)
+
+
+def blendserve_pick(mix: dict) -> str | None:
+    """The candidate a table row's ``blendserve`` run chose (None without one)."""
+    return next((p.get("chosen") for p in mix.get("policies", []) if p.get("policy") == "blendserve"), None)
 
 
 def planned_earlier(mixes: list[dict], hidden: bool | None = None) -> list[str]:
     """Mixes whose plans an earlier planner revision made: not what the planner does now (``is_current``). With
     ``hidden`` None, a mix with a uniform ``max_tokens`` ran with lengths hidden."""
     return [m["mix"] for m in mixes if not is_current(
-        m.get("provenance", {}), m.get("max_tokens") is not None if hidden is None else hidden)]
+        m.get("provenance", {}), m.get("max_tokens") is not None if hidden is None else hidden, blendserve_pick(m))]
 
 
 def planned_earlier_note(mixes: list[dict], hidden: bool | None = None) -> str:

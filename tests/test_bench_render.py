@@ -87,7 +87,7 @@ def test_an_earlier_planners_mixes_are_marked_until_rerun(monkeypatch) -> None:
     import page_parts
     import render
     import tables
-    from blendserve.scheduling import PLANNER_REVISION
+    from blendserve.scheduling import HIDDEN_LENGTHS_REVISION, PLANNER_REVISION
 
     stored = render.load("policies-8b")
 
@@ -95,7 +95,7 @@ def test_an_earlier_planners_mixes_are_marked_until_rerun(monkeypatch) -> None:
         return {**stored, "mixes": [{**m, "provenance": {**m.get("provenance", stored["provenance"]),
                                                           "planner": revision}} for m in stored["mixes"]]}
 
-    old, new = at(PLANNER_REVISION - 1), at(PLANNER_REVISION)
+    old, new = at(HIDDEN_LENGTHS_REVISION - 1), at(PLANNER_REVISION)
     names = [m["mix"] for m in stored["mixes"]]
     assert page_parts.planned_earlier(old["mixes"]) == names and page_parts.planned_earlier(new["mixes"]) == []
     assert all(name in tables.policies_section(old).split("not rerun since:")[1] for name in names)
@@ -167,19 +167,26 @@ def test_the_plans_wall_time_is_shown_beside_the_simulated_run(monkeypatch) -> N
     sys.modules.pop("render", None)
 
 
-def test_a_revision_that_changed_only_the_warm_up_leaves_known_length_figures_current(monkeypatch) -> None:
+def test_each_mode_is_current_from_the_last_revision_that_changed_its_orders(monkeypatch) -> None:
     """Known-length runs plan once with no warm-up: revision 4 (the plan made beside the engine) does not change
-    them, while a hidden-length mix planned at 3 is marked as an earlier planner's."""
+    them, while a hidden-length mix planned at 3 is marked as an earlier planner's. Revision 7 changed known-length
+    picks of a baseline only, and no hidden-length pick (three draws)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import page_parts
-    from blendserve.scheduling import KNOWN_LENGTHS_REVISION, PLANNER_REVISION
+    from blendserve.scheduling import (BASELINE_PICK_REVISION, HIDDEN_LENGTHS_REVISION, KNOWN_LENGTHS_REVISION,
+                                       PLANNER_REVISION)
 
-    assert KNOWN_LENGTHS_REVISION < PLANNER_REVISION
-    at = {"planner": KNOWN_LENGTHS_REVISION}
-    mixes = [{"mix": "hidden", "max_tokens": 32_768, "provenance": at},
-             {"mix": "known", "max_tokens": None, "provenance": at},
-             {"mix": "older", "max_tokens": None, "provenance": {"planner": KNOWN_LENGTHS_REVISION - 1}}]
-    assert page_parts.planned_earlier(mixes) == ["hidden", "older"]
+    assert KNOWN_LENGTHS_REVISION < HIDDEN_LENGTHS_REVISION < BASELINE_PICK_REVISION <= PLANNER_REVISION
+
+    def mix(name: str, max_tokens: int | None, revision: int, chosen: str = "deadline-1") -> dict:
+        return {"mix": name, "max_tokens": max_tokens, "provenance": {"planner": revision},
+                "policies": [{"policy": "fcfs", "chosen": None}, {"policy": "blendserve", "chosen": chosen}]}
+
+    mixes = [mix("hidden", 32_768, KNOWN_LENGTHS_REVISION), mix("hidden-now", 32_768, HIDDEN_LENGTHS_REVISION),
+             mix("known", None, KNOWN_LENGTHS_REVISION), mix("older", None, KNOWN_LENGTHS_REVISION - 1),
+             mix("known-fcfs", None, BASELINE_PICK_REVISION - 1, "fcfs"),
+             mix("known-fcfs-now", None, BASELINE_PICK_REVISION, "fcfs")]
+    assert page_parts.planned_earlier(mixes) == ["hidden", "older", "known-fcfs"]
 
 
 def test_the_scorecard_names_every_run_slower_than_a_baseline(monkeypatch) -> None:

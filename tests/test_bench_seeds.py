@@ -45,7 +45,7 @@ def test_each_seed_is_a_shard_of_its_own_and_fcfs_has_no_seed(monkeypatch) -> No
 def test_the_seeds_table_shows_every_seed_and_each_mixs_median_and_worst(monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(BENCH))
     import tables
-    from blendserve.scheduling import PLANNER_REVISION
+    from blendserve.scheduling import HIDDEN_LENGTHS_REVISION, PLANNER_REVISION
 
     prov = {"cpu": "c", "cores": 2, "python": "3", "numpy": "2", "commit": "abc", "uncommitted": [],
             "planner": PLANNER_REVISION, "date": "2026-12-04 04:00 UTC", "command": "bench_seeds.py"}
@@ -61,7 +61,7 @@ def test_the_seeds_table_shows_every_seed_and_each_mixs_median_and_worst(monkeyp
     # over balance: 0.980, 1.089 and 1.032 -> median 1.032, worst 0.980; over fcfs: 1.000, 1.111, 1.053
     assert "| **rare-1** | median / worst |  |  |  |  | 1.053x / 1.000x | 1.032x / 0.980x |" in text
     assert "earlier planner revision" not in text
-    data["mixes"]["rare-1"]["1"]["provenance"] = {**prov, "planner": PLANNER_REVISION - 1}
+    data["mixes"]["rare-1"]["1"]["provenance"] = {**prov, "planner": HIDDEN_LENGTHS_REVISION - 1}
     assert "earlier planner revision than this checkout's" in tables.seeds_section(data)
 
 
