@@ -14,13 +14,18 @@ def planner_revision(provenance: dict) -> int:
 
 
 def is_current(provenance: dict, hidden: bool, chosen: str | None = None) -> bool:
-    """Whether a run's planner revision orders as this checkout's would: ``HIDDEN_LENGTHS_REVISION`` with lengths
-    hidden; with them known (no warm-up), ``KNOWN_LENGTHS_REVISION``, or ``BASELINE_PICK_REVISION`` where the
-    run ``chosen`` a baseline (the one change since that known-length runs see)."""
+    """Whether a run's planner revision orders as this checkout's would: from ``HIDDEN_LENGTHS_REVISION`` with
+    lengths hidden, ``KNOWN_LENGTHS_REVISION`` with them known (no warm-up); from ``BASELINE_PICK_REVISION``
+    where blendserve's picks (``chosen``: "first → re-plan") took a baseline, the one change since then."""
     revision = planner_revision(provenance)
-    if hidden:
-        return revision >= HIDDEN_LENGTHS_REVISION
-    return revision >= (BASELINE_PICK_REVISION if chosen in BASELINES else KNOWN_LENGTHS_REVISION)
+    if picked_baseline(chosen):
+        return revision >= BASELINE_PICK_REVISION
+    return revision >= (HIDDEN_LENGTHS_REVISION if hidden else KNOWN_LENGTHS_REVISION)
+
+
+def picked_baseline(chosen: str | None) -> bool:
+    """Whether a run's recorded picks ("deadline-1", "deadline-1 → keep") include a baseline."""
+    return chosen is not None and any(part.strip() in BASELINES for part in chosen.split("→"))
 
 
 def blendserve_pick(mix: dict) -> str | None:

@@ -41,13 +41,14 @@ def policy_runs(data: dict) -> list[Run]:
         blend = rows["blendserve"]
         runs.append(Run(mix["mix"], {b: rows[b]["time_s"] / blend["time_s"] for b in BASELINES if b in rows},
                         blend["sharing_vs_dfs"] if "dfs" in rows else None,
-                        is_current(mix.get("provenance", data["provenance"]), hidden=True)))
+                        is_current(mix.get("provenance", data["provenance"]), True, blend.get("chosen"))))
     return runs
 
 
 def seed_runs(data: dict) -> list[Run]:
     """The runs of a ``bench_seeds.py`` result, one per mix and seed (it runs no dfs)."""
-    return [Run(f"{mix} seed {seed}", seed_ratios(run), None, is_current(run["provenance"], hidden=True))
+    return [Run(f"{mix} seed {seed}", seed_ratios(run), None,
+                is_current(run["provenance"], True, run["blendserve"].get("chosen")))
             for mix, seeds in data["mixes"].items() for seed, run in sorted(seeds.items(), key=lambda s: int(s[0]))]
 
 
@@ -58,7 +59,8 @@ def seed_totals(data: dict) -> list[Run]:
     for mix, seeds in data["mixes"].items():
         total = {p: sum(run[p]["time_s"] for run in seeds.values()) for p in (*SEED_BASELINES, "blendserve")}
         runs.append(Run(f"{mix} ({len(seeds)} seeds)", {b: total[b] / total["blendserve"] for b in SEED_BASELINES},
-                        None, all(is_current(run["provenance"], hidden=True) for run in seeds.values())))
+                        None, all(is_current(run["provenance"], True, run["blendserve"].get("chosen"))
+                                  for run in seeds.values())))
     return runs
 
 
@@ -78,9 +80,9 @@ def over_seeds(results: list[tuple[str, str, dict | None]]) -> str:
 
 def grid_runs(data: dict) -> list[Run]:
     """The cells of a ``bench_grid.py`` result."""
-    current = is_current(data["provenance"], hidden=True)
     return [Run(f"{c['density']:g}/{c['sharing']:g}", {"fcfs": c["vs_fcfs"], "balance": c["vs_balance"],
-                                                        "dfs": c["speedup"]}, c["sharing_vs_dfs"], current)
+                                                        "dfs": c["speedup"]}, c["sharing_vs_dfs"],
+                is_current(data["provenance"], True, c.get("chose")))
             for c in data["cells"]]
 
 

@@ -169,8 +169,8 @@ def test_the_plans_wall_time_is_shown_beside_the_simulated_run(monkeypatch) -> N
 
 def test_each_mode_is_current_from_the_last_revision_that_changed_its_orders(monkeypatch) -> None:
     """Known-length runs plan once with no warm-up: revision 4 (the plan made beside the engine) does not change
-    them, while a hidden-length mix planned at 3 is marked as an earlier planner's. Revision 7 changed known-length
-    picks of a baseline only, and no hidden-length pick (three draws)."""
+    them, while a hidden-length mix planned at 3 is marked as an earlier planner's. Revision 7 changed only runs
+    whose pick, first or at the re-plan, was a baseline."""
     monkeypatch.syspath_prepend(str(BENCH))
     import page_parts
     from blendserve.scheduling import (BASELINE_PICK_REVISION, HIDDEN_LENGTHS_REVISION, KNOWN_LENGTHS_REVISION,
@@ -185,8 +185,10 @@ def test_each_mode_is_current_from_the_last_revision_that_changed_its_orders(mon
     mixes = [mix("hidden", 32_768, KNOWN_LENGTHS_REVISION), mix("hidden-now", 32_768, HIDDEN_LENGTHS_REVISION),
              mix("known", None, KNOWN_LENGTHS_REVISION), mix("older", None, KNOWN_LENGTHS_REVISION - 1),
              mix("known-fcfs", None, BASELINE_PICK_REVISION - 1, "fcfs"),
-             mix("known-fcfs-now", None, BASELINE_PICK_REVISION, "fcfs")]
-    assert page_parts.planned_earlier(mixes) == ["hidden", "older", "known-fcfs"]
+             mix("known-fcfs-now", None, BASELINE_PICK_REVISION, "fcfs"),
+             mix("replan-balance", 32_768, BASELINE_PICK_REVISION - 1, "deadline-1 → balance"),
+             mix("replan-keep", 32_768, BASELINE_PICK_REVISION - 1, "deadline-1 → keep")]
+    assert page_parts.planned_earlier(mixes) == ["hidden", "older", "known-fcfs", "replan-balance"]
 
 
 def test_the_scorecard_names_every_run_slower_than_a_baseline(monkeypatch) -> None:

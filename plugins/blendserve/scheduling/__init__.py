@@ -27,12 +27,11 @@ The tree side (prefix tree, sort and split, groups, shards, scan items) is ``ble
 # 5 (2026-12-06): the rest is planned again once half the shard has started (``warmup.REPLAN_AT``), the running
 #   plan kept unless another is predicted 1% faster (``choice.pick_replan``).
 # 6 (2026-12-07): a re-plan whose pick is the running plan's own candidate, re-made, keeps the running plan.
-# 7 (2026-12-07): on one scenario (known lengths) a baseline is picked only if predicted ``choice.CLEAR_GAIN``
-#   ahead of blendserve's own candidates. A hidden-length plan picks on three draws: unchanged.
+# 7 (2026-12-07): a baseline (``choice.BASELINES``) is picked only if predicted ``choice.CLEAR_GAIN`` ahead of
+#   blendserve's own pick; it changes only runs that picked a baseline.
 PLANNER_REVISION = 7
-# The last revision that changed a hidden-length run's order.
+# The last revision that changed a hidden-length run's order, and a known-length one's (they plan once, with no
+# warm-up), but for runs whose pick was a baseline: those changed at ``BASELINE_PICK_REVISION``.
 HIDDEN_LENGTHS_REVISION = 6
-# The last revision that changed a known-length run's order (they plan once, with no warm-up), and the one
-# that changed it where the pick was a baseline (``choice.BASELINES``): those runs alone moved at 7.
 KNOWN_LENGTHS_REVISION = 3
 BASELINE_PICK_REVISION = 7

@@ -8,8 +8,8 @@ and its own estimates, so ``blendserve`` builds every candidate
 (``first_candidates``, then ``deadline_candidates``) over the same scan items, simulates each on the estimates
 (known lengths exact, the rest the warm-up sampler's draws) and runs the one
 predicted fastest: on drawn lengths a stratified blend unless another
-candidate is faster on every draw, on known lengths a baseline only if it is
-clearly faster (``pick``). A re-plan (``warmup.REPLAN_AT``) also offers the
+candidate is faster on every draw, and the input or a random order only if it
+is clearly faster (``pick``). A re-plan (``warmup.REPLAN_AT``) also offers the
 plan running now (``KEEP``) and keeps it unless another is predicted clearly
 faster (``pick_replan``). Jobs larger than ``SAMPLE_SIZE`` requests are simulated on
 a random subsample (the same for every candidate); why the sample must be
@@ -89,33 +89,40 @@ class Choice:
 
 # The input order and a random one: what blendserve must never lose to, offered among its candidates.
 BASELINES = frozenset({"fcfs", "balance"})
-# A lead the prediction can be trusted with. A re-plan switches from ``KEEP``, and a pick on known lengths
-# takes a baseline, only if that candidate is predicted this much faster; a smaller lead is within what the
+# A lead the prediction can be trusted with. A re-plan switches from ``KEEP``, and a pick takes a baseline,
+# only if that candidate is predicted this much faster; a smaller lead is within what the
 # prediction misses. At 40k (8B, rare-1 seed 1) a re-plan's lead of 0.85% (faster on all three draws) ran 0.2%
 # slower; leads of 1.5-5.7% ran 1.1-2.1% faster (docs/PLANNER_NOTES.md, twenty-second).
 CLEAR_GAIN = 0.01
 
 
 def pick(scenario_s: dict[str, tuple[float, ...]], prefer: Collection[str] = ()) -> str:
+    """blendserve's own pick (``rank``) among its candidates; a baseline (``BASELINES``) instead only if
+    ``rank`` takes it among them all and it is predicted ``CLEAR_GAIN`` faster on the scenarios' mean.
+
+    The baselines are a safety net, taken when clearly faster: by less, a lead is within what the prediction
+    misses, and they give up the prefix sharing. On known lengths the 70B 400k d0.9-s5 job's input order,
+    predicted 0.13% ahead of deadline-1, ran 0.05% ahead with a third less sharing (docs/PLANNER_NOTES.md,
+    twenty-ninth). Over draws a baseline must also be faster on every draw than the preferred blend (``rank``).
+    """
+    own = {name: t for name, t in scenario_s.items() if name not in BASELINES} or scenario_s
+    chosen, overall = rank(own, prefer), rank(scenario_s, prefer)
+    mean = {name: float(np.mean(t)) for name, t in scenario_s.items()}
+    return overall if overall != chosen and mean[overall] < (1.0 - CLEAR_GAIN) * mean[chosen] else chosen
+
+
+def rank(scenario_s: dict[str, tuple[float, ...]], prefer: Collection[str] = ()) -> str:
     """The candidate with the shortest mean time; over several scenarios, the fastest of ``prefer`` unless
-    another candidate is faster on every scenario (the first one on ties); on one scenario (known lengths),
-    the fastest unless it is a baseline (``BASELINES``) less than ``CLEAR_GAIN`` ahead of the fastest other.
+    another candidate is faster on every scenario (the first one on ties).
 
     Over draws of uncertain lengths, candidates whose means differ by less than the draws' spread are a
     coin toss: on the 8B d1.4-s5 mix (20k, lengths hidden) a random order was predicted 0.2% ahead of
-    the blends and ran 5.5% behind them on the rest's true lengths (docs/PLANNER_NOTES.md). On known
-    lengths the baselines are there to be taken when clearly faster: the 70B 400k d0.9-s5 job's input order,
-    predicted 0.13% ahead of deadline-1, ran 0.05% ahead and gave up a third of its prefix sharing
-    (docs/PLANNER_NOTES.md, twenty-ninth).
+    the blends and ran 5.5% behind them on the rest's true lengths (docs/PLANNER_NOTES.md).
     """
     mean = {name: float(np.mean(t)) for name, t in scenario_s.items()}
     fastest = min(mean, key=mean.get)
-    if max(len(t) for t in scenario_s.values()) < 2:
-        own = [name for name in mean if name not in BASELINES]
-        best_own = min(own, key=mean.get) if own else fastest
-        return fastest if mean[fastest] < (1.0 - CLEAR_GAIN) * mean[best_own] else best_own
     favoured = [name for name in mean if name in prefer]
-    if not favoured:
+    if not favoured or max(len(t) for t in scenario_s.values()) < 2:
         return fastest
     best = min(favoured, key=mean.get)
     beats = [name for name in mean if name not in prefer
