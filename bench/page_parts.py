@@ -28,9 +28,14 @@ def picked_baseline(chosen: str | None) -> bool:
     return chosen is not None and any(part.strip() in BASELINES for part in chosen.split("→"))
 
 
+def policy_rows(mix: dict) -> dict[str, dict]:
+    """A mix's runs by policy name (none for a mix that lists no policies)."""
+    return {r["policy"]: r for r in mix.get("policies", [])}
+
+
 def blendserve_pick(mix: dict) -> str | None:
     """The candidate a table row's ``blendserve`` run chose (None without one)."""
-    return next((p.get("chosen") for p in mix.get("policies", []) if p.get("policy") == "blendserve"), None)
+    return policy_rows(mix).get("blendserve", {}).get("chosen")
 
 
 def planned_earlier(mixes: list[dict], hidden: bool | None = None) -> list[str]:

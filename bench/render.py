@@ -195,7 +195,8 @@ def _grid_speedup(grid: dict | None) -> str:
     if grid is None:
         return "-"
     speedups = [c["speedup"] for c in grid["cells"]]
-    current = all(is_current(grid["provenance"], grid.get("lengths") == "hidden", c.get("chose")) for c in grid["cells"])
+    hidden = grid.get("lengths") == "hidden"
+    current = all(is_current(grid["provenance"], hidden, c.get("chose")) for c in grid["cells"])
     earlier = "" if current else " (earlier planner)"
     return (f"{sum(speedups) / len(speedups) - 1:+.1%} ({times(min(speedups))} .. {times(max(speedups))}, "
             f"{len(speedups)} mixes){earlier}")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from page_parts import is_current, table, times
-from tables import SEED_BASELINES, _rows, seed_ratios
+from page_parts import is_current, policy_rows, table, times
+from tables import SEED_BASELINES, seed_ratios
 
 BASELINES = ("fcfs", "balance", "dfs")
 # What the issue asks of the paper mixes' mean at 40k requests (fraction of T_opt).
@@ -37,7 +37,7 @@ def policy_runs(data: dict) -> list[Run]:
     """The runs of a ``bench_policies.py`` result (paper or rare-heavy mixes)."""
     runs = []
     for mix in data["mixes"]:
-        rows = _rows(mix)
+        rows = policy_rows(mix)
         blend = rows["blendserve"]
         runs.append(Run(mix["mix"], {b: rows[b]["time_s"] / blend["time_s"] for b in BASELINES if b in rows},
                         blend["sharing_vs_dfs"] if "dfs" in rows else None,

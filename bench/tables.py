@@ -7,13 +7,14 @@ import numpy as np
 
 from blendserve.sim.compare import SHARING_COUNTS
 from page_parts import (
-    image, measured_by, planned_earlier, planned_earlier_note, planner_revision, provenance, table, times,
+    image, measured_by, planned_earlier, planned_earlier_note, planner_revision, policy_rows, provenance, table,
+    times,
 )
 
 
 def summarize(mixes: list[dict], policies: list[str]) -> dict:
     """BlendServe's means over the mixes, the way the paper averages them, and against the best other policy."""
-    rows = [{r["policy"]: r for r in m["policies"]} for m in mixes]
+    rows = [policy_rows(m) for m in mixes]
     others = [p for p in policies if not p.startswith("blendserve")]
     best_other = [min(others, key=lambda p: r[p]["time_s"]) for r in rows]
     vs_best = [r[b]["time_s"] / r["blendserve"]["time_s"] for b, r in zip(best_other, rows)]
@@ -50,10 +51,6 @@ def sharing_label(mixes: list[dict]) -> str:
             "picked, each plan's in turn where a shard planned again (`keep`: the re-plan kept the running order):")
 
 
-def _rows(mix: dict) -> dict[str, dict]:
-    return {r["policy"]: r for r in mix["policies"]}
-
-
 def lengths_mode(data: dict) -> str:
     """"hidden" or "known"; result files written before the mode existed planned on the known lengths."""
     return data.get("lengths", "known")
@@ -86,9 +83,9 @@ def policies_section(data: dict) -> str:
                  [[m["mix"], f"{m['achieved']['density']:.2f} / {m['achieved']['sharing']:.0%}",
                    f"{m['input_tokens'] / 1e6:.1f}M / {m['output_tokens'] / 1e6:.1f}M",
                    f"{(m['input_tokens'] + m['output_tokens']) / m['t_opt_s']:,.0f}",
-                   *[f"{_rows(m)[p]['throughput']:,.0f}" for p in policies]] for m in mixes])
+                   *[f"{policy_rows(m)[p]['throughput']:,.0f}" for p in policies]] for m in mixes])
     ratio = table(["mix", *policies],
-                  [[m["mix"], *[_ratios(_rows(m), p) for p in policies]] for m in mixes])
+                  [[m["mix"], *[_ratios(policy_rows(m), p) for p in policies]] for m in mixes])
     s = summarize(mixes, policies)
     paper = data.get("paper")  # None on the rare-heavy mixes: the paper has no figure for them
 
@@ -128,7 +125,7 @@ def rare_section(data: dict) -> str:
 
 def _before_plan(mixes: list[dict]) -> str:
     """Hidden mode: how much of blendserve's run went before its plan (the sample and its random fillers)."""
-    rows = [_rows(m).get("blendserve", {}) for m in mixes]
+    rows = [policy_rows(m).get("blendserve", {}) for m in mixes]
     if not all(r.get("sampled") for r in rows):
         return ""
     shares = ", ".join(f"{m['mix']} {(r['sampled'] + r['unplanned']) / m['requests']:.0%}"

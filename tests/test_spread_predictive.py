@@ -12,7 +12,7 @@ from blendserve.planner.items import ScanItems, ordered_leaves, scan_items
 from blendserve.planner.prefix_tree import PrefixTree, build_prefix_tree
 from blendserve.scheduling.admission import StaticOrder
 from blendserve.scheduling.blend import HOT_PIECE, cap_units, hot_depth, piece_cost, spread_keys, unit_cuts
-from blendserve.scheduling.choice import Predictor, pick, pick_replan, subsample
+from blendserve.scheduling.choice import BASELINES, CLEAR_GAIN, Predictor, pick, pick_replan, subsample
 from synthetic import batch_from_prompts, synthetic_batch
 from blendserve.scheduling.registry import PolicyContext, make_controller
 
@@ -210,8 +210,6 @@ def test_over_draws_a_blend_is_kept_unless_another_is_faster_on_every_draw() -> 
 
 
 def test_a_baseline_is_picked_only_when_clearly_faster() -> None:
-    from blendserve.scheduling.choice import BASELINES, CLEAR_GAIN
-
     assert BASELINES == {"fcfs", "balance"}
     close = 100.0 * (1.0 - CLEAR_GAIN / 2)  # ahead, but within what the prediction misses
     clear = 100.0 * (1.0 - 2 * CLEAR_GAIN)

@@ -107,8 +107,8 @@ def pick(scenario_s: dict[str, tuple[float, ...]], prefer: Collection[str] = ())
     """
     own = {name: t for name, t in scenario_s.items() if name not in BASELINES} or scenario_s
     chosen, overall = rank(own, prefer), rank(scenario_s, prefer)
-    mean = {name: float(np.mean(t)) for name, t in scenario_s.items()}
-    return overall if overall != chosen and mean[overall] < (1.0 - CLEAR_GAIN) * mean[chosen] else chosen
+    clearly_faster = np.mean(scenario_s[overall]) < (1.0 - CLEAR_GAIN) * np.mean(scenario_s[chosen])
+    return overall if clearly_faster else chosen
 
 
 def rank(scenario_s: dict[str, tuple[float, ...]], prefer: Collection[str] = ()) -> str:
