@@ -6,6 +6,7 @@ before any test module imports it.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import subprocess
@@ -31,6 +32,11 @@ os.environ.setdefault("BLENDSERVE_RETRY_DELAY_S", "1")
 # Calibrated profiles of the developer's machine stay out of tests: `--hardware auto` finds none (the A100
 # fallback) unless a test calibrates into its own folder.
 os.environ["BLENDSERVE_PROFILES"] = tempfile.mkdtemp(prefix="blendserve-profiles-")
+
+
+def jsonl(*records: dict | str) -> bytes:
+    """A JSONL file's bytes: each dict as one JSON line, each str as it is (a line written by hand, malformed or not)."""
+    return "".join(r if isinstance(r, str) else json.dumps(r) + "\n" for r in records).encode()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import subprocess_env
+from conftest import jsonl, subprocess_env
 
 # A task that starts the watchdog, then a child and a grandchild (as vLLM's engine core and worker), then waits.
 TASK = """
@@ -70,7 +69,7 @@ def test_kill_9_during_vllm_inference_leaves_no_engine_process(tmp_path: Path):
     process unless told otherwise): once results commit, kill -9 the run; its EngineCore and workers must go."""
     rows = [{"custom_id": f"r{i}", "prompt": f"Count slowly from {i} to {i + 300}.", "max_tokens": 400}
             for i in range(24)]
-    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "in.jsonl").write_bytes(jsonl(*rows))
     run = subprocess.Popen([sys.executable, "-m", "blendserve", "run", "--engine", "vllm", "--run-id", "kill9",
                             "--input", str(tmp_path / "in.jsonl"), "--db", str(tmp_path / "out.duckdb"),
                             "--part-rows", "1", "--sample-rate", "0", "--no-explain", "--kv-cache-gb", "0.5"],

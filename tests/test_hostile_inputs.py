@@ -32,13 +32,9 @@ from blendserve.ingest.normalize import Limits
 from blendserve.pipeline import database
 from blendserve.pipeline.steps import run_pipeline
 from blendserve.report.data import load_run
-from conftest import run_cli, subprocess_env
+from conftest import jsonl, run_cli, subprocess_env
 
 GOOD = json.dumps({"custom_id": "good", "prompt": "Name a colour.", "max_tokens": 4}) + "\n"
-
-
-def jsonl(*records: dict | str) -> bytes:
-    return "".join(r if isinstance(r, str) else json.dumps(r) + "\n" for r in records).encode()
 
 
 def parquet(table: pa.Table) -> bytes:

@@ -7,6 +7,8 @@ runs the same path on vLLM.
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 import pyarrow.compute as pc
 import pytest
@@ -14,9 +16,11 @@ import pytest
 from blendserve import files
 from blendserve.pipeline import parts, shard, steps
 from blendserve.pipeline.steps import InjectedFault, infer_shard, ingest_step, load_step, plan_step
+from blendserve.sampling.select import SHORT_CAP
 from blendserve.scheduling import plan_worker
 from blendserve.scheduling.choice import ChosenAdmission
-from conftest import FIXTURES, record_admissions
+from blendserve.scheduling.warmup import WarmupController
+from conftest import FIXTURES, jsonl, record_admissions
 
 
 def shard_runs(config, shard: int) -> list[str]:  # type: ignore[no-untyped-def]
@@ -110,16 +114,11 @@ def test_no_warmup_for_orders_that_ignore_lengths(make_config):
 def test_a_shard_with_nothing_worth_sampling_plans_once_on_its_caps(make_config, tmp_path):
     """Every cap at SHORT_CAP or under: no request is sampled, so nothing is learnt, and the shard plans once
     as without a warm-up (no plan beside the engine, no re-plan); a cap over it brings the warm-up back."""
-    import json
-
-    from blendserve.sampling.select import SHORT_CAP
-    from blendserve.scheduling.warmup import WarmupController
-
     rows = [json.loads(line) for line in (FIXTURES / "mini.jsonl").read_text().splitlines()]
     for row in rows:  # the fixture mixes OpenAI batch lines and plain ones
         row.get("body", row)["max_tokens"] = SHORT_CAP
     short = tmp_path / "short.jsonl"
-    short.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    short.write_bytes(jsonl(*rows))
     config = make_config(engine="simulator", sample_rate=0.5, input=str(short), run_id="short-caps")
     ingest_step(config)
     plan_step(config)
@@ -128,7 +127,7 @@ def test_a_shard_with_nothing_worth_sampling_plans_once_on_its_caps(make_config,
     assert isinstance(plan.controller, ChosenAdmission)  # the policy's own choice, made once over the whole shard
 
     rows[0].get("body", rows[0])["max_tokens"] = SHORT_CAP + 1
-    short.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    short.write_bytes(jsonl(*rows))
     config = make_config(engine="simulator", sample_rate=0.5, input=str(short), run_id="one-longer-cap",
                          db=str(tmp_path / "longer.duckdb"))
     ingest_step(config)
